@@ -1,0 +1,139 @@
+"""The Faust application: one factory, any subset of the four stages in one worker."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from agent.metrics import REGISTRY
+from agent.settings import Settings
+from knowledge.store import Knowledge
+
+STAGES = ("monitor", "analyze", "plan", "execute")
+log = logging.getLogger("autoscaler")
+
+# Faust hard-codes fetch_max_wait_ms=1500 for its worker consumer. Apache Kafka answers a waiting
+# fetch as soon as data arrives, so there the value only matters when idle. The embedded tansu
+# broker sees data that arrives during a wait only when it re-checks, after half the wait, so each
+# agent hop cost up to 0.75 s (p99 report -> decision: 2.2 s). 50 ms keeps p99 well under 250 ms
+# (bench/ingest.py); the price is more empty fetches while idle (a few % CPU). The value is the
+# setting `AUTOSCALER_BROKER_FETCH_MAX_WAIT_MS`.
+
+# Records per poll. Uncapped, Faust delivers everything aiokafka prefetched (~1 MiB per partition)
+# before it polls again; behind a backlog on a busy machine that took over max_poll_interval, the
+# consumer left its group and, with Faust's flow stopped, never rejoined (a stuck worker).
+MAX_POLL_RECORDS = 500
+
+
+def _transport_with_fetch_wait(fetch_max_wait_ms: int) -> type[faust_aiokafka.Transport]:
+    """Faust's aiokafka transport, but its worker consumer uses `fetch_max_wait_ms`."""
+
+    class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+        def _create_worker_consumer(self, transport: faust_aiokafka.Transport) -> Any:
+            consumer = super()._create_worker_consumer(transport)
+            # aiokafka copies this into its fetcher only when the consumer starts, so setting it
+            # here (created, not started) is equivalent to passing it to the constructor.
+            consumer._fetch_max_wait_ms = fetch_max_wait_ms
+            return consumer
+
+    class WorkerConsumer(faust_aiokafka.Consumer):
+        def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+            return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    class Transport(faust_aiokafka.Transport):
+        Consumer = WorkerConsumer
+
+    return Transport
+
+
+@dataclass
+class Runtime:
+    """What a stage's agent needs: settings, knowledge and the topics it reads and writes."""
+
+    app: faust.App
+    settings: Settings
+    knowledge: Knowledge
+    topics: dict[str, faust.TopicT] = field(default_factory=dict)
+
+    def topic(self, name: str) -> faust.TopicT:
+        if name not in self.topics:
+            self.topics[name] = self.app.topic(
+                getattr(self.settings.topics, name),
+                key_serializer="raw",
+                value_serializer="raw",
+                partitions=self.settings.topic_partitions,
+            )
+        return self.topics[name]
+
+    async def publish(self, name: str, key: str, value: bytes) -> None:
+        await self.topic(name).send(key=key.encode(), value=value)
+
+
+def app_id_for(settings: Settings, stages: Iterable[str]) -> str:
+    """All four stages share one consumer group; a single-stage worker gets its own group."""
+    chosen = sorted(set(stages))
+    if chosen == sorted(STAGES):
+        return settings.app_id
+    return f"{settings.app_id}-{'-'.join(chosen)}"
+
+
+def create_app(settings: Settings, stages: Iterable[str] = STAGES) -> tuple[faust.App, Runtime]:
+    chosen = list(dict.fromkeys(stages))
+    unknown = [s for s in chosen if s not in STAGES]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {unknown}; choose from {', '.join(STAGES)}")
+    app = faust.App(
+        app_id_for(settings, chosen),
+        broker=f"kafka://{settings.kafka_bootstrap}",
+        store="memory://",
+        key_serializer="raw",
+        value_serializer="raw",
+        topic_partitions=settings.topic_partitions,
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=settings.broker_session_timeout_s,
+        broker_heartbeat_interval=settings.broker_heartbeat_interval_s,
+        broker_max_poll_interval=settings.broker_max_poll_interval_s,
+        broker_max_poll_records=MAX_POLL_RECORDS,
+        broker_rebalance_timeout=settings.broker_max_poll_interval_s,
+        broker_request_timeout=max(40.0, settings.broker_session_timeout_s + 5),
+        producer_linger=0.0,
+        web_port=settings.web_port,
+        web_host="0.0.0.0",
+        web_in_thread=False,
+        topic_disable_leader=True,
+        table_cleanup_interval=3600.0,
+    )
+    # Replaces the transport Faust would build from the broker URL (same class, shorter fetch wait).
+    app.transport = _transport_with_fetch_wait(settings.broker_fetch_max_wait_ms)(app.conf.broker_consumer, app)
+    runtime = Runtime(app=app, settings=settings, knowledge=Knowledge(settings))
+
+    @app.page("/metrics")
+    async def metrics_page(self: object, request: object) -> object:
+        body = generate_latest(REGISTRY)
+        return app.web.bytes(body, content_type=CONTENT_TYPE_LATEST.split(";")[0])
+
+    @app.page("/ready")
+    async def ready_page(self: object, request: object) -> object:
+        try:
+            await runtime.knowledge.ping()
+        except Exception as exc:  # any Redis failure means degraded
+            return app.web.json({"ready": False, "status": "degraded", "error": str(exc)}, status=503)
+        return app.web.json({"ready": True, "status": "ok", "stages": chosen})
+
+    for stage in chosen:
+        if stage == "monitor":
+            from monitor.agent import register
+        elif stage == "analyze":
+            from analyze.agent import register
+        elif stage == "plan":
+            from plan.agent import register
+        else:
+            from execute.agent import register
+        register(runtime)
+    return app, runtime

@@ -1,0 +1,247 @@
+"""The `autoscaler` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from agent.contracts import CONTRACTS, json_schema_text
+from agent.settings import get_settings
+
+app = typer.Typer(help="A MAPE-K autoscaler for streaming pipelines.", no_args_is_help=True)
+jobs_app = typer.Typer(help="Register jobs and set their configuration.", no_args_is_help=True)
+stack_app = typer.Typer(help="The embedded stack: broker, Redis and agents on this machine.", no_args_is_help=True)
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(stack_app, name="stack")
+console = Console()
+# About one task slot, then about four, then one again (rates per second for the default cost).
+DEMO_SHAPE = "steps:120:90,560:240,120:150"
+
+
+def _mount_optional() -> None:
+    """The Spark side needs the `spark` extra; without it these commands are simply absent."""
+    try:
+        from execute.job_cli import job_app
+
+        app.add_typer(job_app, name="job", help="Run a Spark job under the autoscaler's control.")
+    except ImportError:
+        pass
+    try:
+        from pipeline.loadgen import loadgen_app
+
+        app.add_typer(loadgen_app, name="load", help="Replay a load shape or trace into a topic.")
+    except ImportError:
+        pass
+
+
+# ---------------------------------------------------------------- agents
+
+
+@app.command()
+def agents(
+    stage: Annotated[list[str] | None, typer.Option(help="Stage(s) to run: monitor, analyze, plan, execute.")] = None,
+    web_port: Annotated[int | None, typer.Option(help="Port of /metrics and /ready.")] = None,
+) -> None:
+    """Run the agents (all four stages in one worker by default)."""
+    from agent.app import STAGES, create_app
+    from agent.topics import ensure_topics
+
+    settings = get_settings()
+    if web_port is not None:
+        settings = settings.model_copy(update={"web_port": web_port})
+    stages = list(STAGES) if not stage or stage == ["all"] else stage
+    ensure_topics(settings)
+    faust_app, _ = create_app(settings, stages)
+    from faust.worker import Worker
+
+    logging.basicConfig(level=settings.log_level.upper())
+    Worker(faust_app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False).execute_from_commandline()
+
+
+@app.command()
+def topics() -> None:
+    """Create the autoscaler's topics if they are missing."""
+    from agent.topics import ensure_topics
+
+    created = ensure_topics(get_settings())
+    console.print(f"created: {', '.join(created) or 'none (all exist)'}")
+
+
+# ---------------------------------------------------------------- contracts
+
+
+@app.command()
+def schema(
+    name: Annotated[str | None, typer.Argument(help=f"One of: {', '.join(CONTRACTS)}")] = None,
+    write: Annotated[Path | None, typer.Option(help="Write every schema as <name>.schema.json here.")] = None,
+) -> None:
+    """Print a contract's JSON Schema (or write them all)."""
+    if write is not None:
+        write.mkdir(parents=True, exist_ok=True)
+        for contract in CONTRACTS:
+            (write / f"{contract}.schema.json").write_text(json_schema_text(contract) + "\n")
+        console.print(f"wrote {len(CONTRACTS)} schemas to {write}")
+        return
+    if name is None:
+        console.print("contracts: " + ", ".join(CONTRACTS))
+        return
+    try:
+        typer.echo(json_schema_text(name))
+    except KeyError as exc:
+        console.print(f"[red]{exc.args[0]}[/red]")
+        raise typer.Exit(2) from None
+
+
+# ---------------------------------------------------------------- jobs and knowledge
+
+
+def _knowledge_call(fn):  # type: ignore[no-untyped-def]
+    from knowledge.store import Knowledge
+
+    async def run():  # type: ignore[no-untyped-def]
+        knowledge = Knowledge(get_settings())
+        try:
+            return await fn(knowledge)
+        finally:
+            await knowledge.close()
+
+    return asyncio.run(run())
+
+
+@jobs_app.command("register")
+def jobs_register(
+    job_id: str, settings: Annotated[list[str] | None, typer.Argument(help="key=value overrides")] = None
+) -> None:
+    """Register a job (reports of unknown jobs are dead-lettered), optionally with settings."""
+    from knowledge.jobs import ConfigError, parse_assignments
+
+    try:
+        overrides = parse_assignments(settings or [])
+        config = _knowledge_call(lambda k: k.register_job(job_id, overrides))
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    console.print(f"registered {job_id}: {config.model_dump(mode='json')}")
+
+
+@jobs_app.command("set")
+def jobs_set(job_id: str, settings: Annotated[list[str], typer.Argument(help="key=value")]) -> None:
+    """Change a registered job's settings; invalid values are refused."""
+    from knowledge.jobs import ConfigError, parse_assignments
+
+    try:
+        config = _knowledge_call(lambda k: k.set_config(job_id, parse_assignments(settings)))
+    except (ConfigError, KeyError) as exc:
+        console.print(f"[red]{exc.args[0]}[/red]")
+        raise typer.Exit(2) from None
+    console.print(f"{job_id}: {config.model_dump(mode='json')}")
+
+
+@jobs_app.command("list")
+def jobs_list() -> None:
+    """Registered jobs with their state."""
+
+    async def collect(k):  # type: ignore[no-untyped-def]
+        return [(job, await k.job_config(job), await k.state(job)) for job in sorted(await k.jobs())]
+
+    table = Table("job", "mode", "policy", "parallelism", "bounds", "target util")
+    for job, config, state in _knowledge_call(collect):
+        table.add_row(
+            job, config.mode.value, config.policy.value,
+            str(state.get("parallelism", state.get("parallelism_seen", "?"))),
+            f"{config.min_parallelism}..{config.max_parallelism}", f"{config.target_utilization:.0%}",
+        )
+    console.print(table)
+
+
+@app.command()
+def decisions(job_id: str, limit: int = 10) -> None:
+    """The job's most recent decisions, newest first."""
+    table = Table("time", "action", "from", "to", "code", "why")
+    for d in _knowledge_call(lambda k: k.decisions(job_id, limit)):
+        import datetime as dt
+
+        when = dt.datetime.fromtimestamp(d["timestamp"]).strftime("%H:%M:%S")
+        table.add_row(when, d["action"], str(d["from_parallelism"]), str(d["to_parallelism"]),
+                      d["reason"]["code"], d["reason"]["message"])
+    console.print(table)
+
+
+@app.command()
+def status() -> None:
+    """Counters of accepted and rejected reports across all workers."""
+    counters = _knowledge_call(lambda k: k.counters())
+    console.print_json(json.dumps(counters))
+
+
+# ---------------------------------------------------------------- watch
+
+
+@app.command()
+def watch(
+    seconds: Annotated[float, typer.Option(help="Stop after this long (0 = until Ctrl-C).")] = 0,
+    all_decisions: Annotated[bool, typer.Option(help="Also show decisions whose action is none.")] = False,
+) -> None:
+    """Print decisions and scaling events as they are published."""
+    from agent.watch import watch_topics
+
+    watch_topics(get_settings(), seconds, all_decisions, console)
+
+
+# ---------------------------------------------------------------- demo
+
+
+@app.command()
+def demo(
+    shape: Annotated[str, typer.Option(help="Load shape (see `autoscaler load run --help`).")] = DEMO_SHAPE,
+    cost_ms: Annotated[float, typer.Option(help="Per-record cost of the demo job (waiting, not computing).")] = 4.0,
+    partitions: Annotated[int, typer.Option(help="Partitions of the demo input topic.")] = 4,
+    max_parallelism: Annotated[int, typer.Option(help="Upper bound of the demo job's parallelism.")] = 8,
+    fresh: Annotated[bool, typer.Option(help="Start from an empty checkpoint.")] = True,
+) -> None:
+    """Run the demo Spark job under changing load on the embedded stack, autoscaled live."""
+    from agent.demo import run_demo
+
+    run_demo(get_settings(), shape, cost_ms, partitions, max_parallelism, fresh, console)
+
+
+# ---------------------------------------------------------------- embedded stack
+
+
+@stack_app.command("up")
+def stack_up(
+    agents_too: Annotated[bool, typer.Option("--agents/--no-agents", help="Also start the agents.")] = True,
+) -> None:
+    """Start the broker, Redis (unless one answers) and the agents in the background."""
+    from agent.stack import Stack
+
+    Stack(get_settings()).up(with_agents=agents_too, console=console)
+
+
+@stack_app.command("down")
+def stack_down() -> None:
+    """Stop everything `stack up` started, and nothing else."""
+    from agent.stack import Stack
+
+    Stack(get_settings()).down(console=console)
+
+
+@stack_app.command("status")
+def stack_status() -> None:
+    """What the embedded stack runs."""
+    from agent.stack import Stack
+
+    Stack(get_settings()).status(console=console)
+
+
+def main() -> None:
+    _mount_optional()
+    app()
+

@@ -1,0 +1,319 @@
+"""Versioned message contracts of every topic.
+
+Each model carries `schema_version`; a consumer rejects a version it does not know (dead letter)
+instead of guessing. Times are epoch seconds (float, UTC) so that any engine can produce them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+JobId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
+OperatorId = Annotated[str, Field(min_length=1, max_length=128)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+Parallelism = Annotated[int, Field(ge=1, le=100_000)]
+
+METRIC_REPORT_VERSION = 1
+
+
+class Contract(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+# ---------------------------------------------------------------- input: metric reports
+
+
+class SourceMetrics(Contract):
+    """What the job's source sees in the interval, for the partitions this worker reads."""
+
+    arrival_rate: NonNegativeFloat = Field(description="Records per second arriving at the source (log growth).")
+    backlog: NonNegativeInt = Field(description="Records waiting in the source, not yet read (lag).")
+    partitions: Annotated[int, Field(ge=1)] = Field(description="Partitions of the source (the whole job's).")
+    splittable: bool = Field(
+        True,
+        description="Whether one partition can be read by several tasks (offset ranges split, as Spark's "
+        "minPartitions does); if false, parallelism beyond the partition count is useless.",
+    )
+
+
+class OperatorMetrics(Contract):
+    """One logical operator's instances on this worker, for engines with per-operator parallelism."""
+
+    operator_id: OperatorId
+    upstream: list[OperatorId] = Field(default_factory=list, max_length=64)
+    parallelism: Parallelism = Field(description="The operator's total parallelism in the job.")
+    records_in: NonNegativeInt
+    records_out: NonNegativeInt
+    busy_time_s: NonNegativeFloat = Field(description="Useful time of this worker's instances, summed.")
+    arrival_rate: NonNegativeFloat | None = Field(
+        None, description="For source operators: the external arrival rate they must keep up with."
+    )
+
+
+class MetricReport(Contract):
+    """A worker's metrics for one interval. Topic `autoscaler.metrics`, key = job id."""
+
+    schema_version: Literal[1] = 1
+    job_id: JobId
+    timestamp: PositiveFloat = Field(description="End of the interval, epoch seconds.")
+    interval_s: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)]
+    worker_id: Annotated[str, Field(min_length=1, max_length=128)] = "driver"
+    parallelism: Parallelism = Field(description="The job's current parallelism (task slots for Spark).")
+    records_in: NonNegativeInt
+    records_out: NonNegativeInt
+    busy_time_s: NonNegativeFloat = Field(
+        description="Useful (busy) time in the interval summed over this worker's slots or tasks."
+    )
+    cpu_utilization: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    source: SourceMetrics | None = None
+    operators: list[OperatorMetrics] = Field(default_factory=list, max_length=256)
+
+    @model_validator(mode="after")
+    def _operators_are_a_dag(self) -> MetricReport:
+        ids = [op.operator_id for op in self.operators]
+        if len(set(ids)) != len(ids):
+            raise ValueError("operator ids must be unique")
+        known = set(ids)
+        for op in self.operators:
+            missing = [u for u in op.upstream if u not in known]
+            if missing:
+                raise ValueError(f"operator {op.operator_id!r} names unknown upstream {missing}")
+        return self
+
+
+# ---------------------------------------------------------------- internal: monitor -> analyze
+
+
+class SourceWindow(Contract):
+    arrival_rate: NonNegativeFloat
+    backlog: NonNegativeInt
+    backlog_growth_rate: float = Field(description="Change of the backlog per second over the window.")
+    partitions: int
+    splittable: bool
+
+
+class OperatorWindow(Contract):
+    operator_id: OperatorId
+    upstream: list[OperatorId]
+    parallelism: Parallelism
+    records_in: NonNegativeInt
+    records_out: NonNegativeInt
+    busy_time_s: NonNegativeFloat
+    arrival_rate: NonNegativeFloat | None = None
+
+
+class MetricWindow(Contract):
+    """All reports of one job in one loop interval of metric time. Topic `autoscaler.windows`."""
+
+    schema_version: Literal[1] = 1
+    job_id: JobId
+    window_start: float
+    window_end: float
+    observed_s: PositiveFloat = Field(description="Metric time the reports cover.")
+    report_count: int
+    workers: int
+    parallelism: Parallelism = Field(description="Parallelism in the last report of the window.")
+    parallelism_changed: bool = Field(description="Reports in the window disagree on the parallelism.")
+    records_in: NonNegativeInt
+    records_out: NonNegativeInt
+    busy_time_s: NonNegativeFloat
+    cpu_utilization: float | None = None
+    source: SourceWindow | None = None
+    operators: list[OperatorWindow] = Field(default_factory=list)
+    closed_at: float = Field(default_factory=time.time, description="Wall time the window was closed.")
+
+
+# ---------------------------------------------------------------- internal: analyze -> plan
+
+
+class OperatorAnalysis(Contract):
+    operator_id: OperatorId
+    upstream: list[OperatorId]
+    parallelism: Parallelism
+    true_processing_rate: NonNegativeFloat = Field(description="Records in per useful second, per instance.")
+    true_output_rate: NonNegativeFloat = Field(description="Records out per useful second, per instance.")
+    observed_processing_rate: NonNegativeFloat = Field(description="Records in per second, all instances.")
+    utilization: NonNegativeFloat
+    arrival_rate: NonNegativeFloat | None = None
+
+
+class Analysis(Contract):
+    """DS2 true rates of one window. Topic `autoscaler.analyses`."""
+
+    schema_version: Literal[1] = 1
+    job_id: JobId
+    window_end: float
+    parallelism: Parallelism
+    valid: bool = Field(description="False when the window cannot support a decision; see `invalid_reason`.")
+    invalid_reason: str | None = None
+    true_processing_rate: NonNegativeFloat = Field(description="Job level: records in per busy second per slot.")
+    true_output_rate: NonNegativeFloat
+    observed_processing_rate: NonNegativeFloat
+    utilization: NonNegativeFloat = Field(description="Busy time / (observed time x parallelism).")
+    arrival_rate: NonNegativeFloat | None = None
+    backlog: NonNegativeInt | None = None
+    backlog_growth_rate: float | None = None
+    partitions: int | None = None
+    splittable: bool = True
+    operators: list[OperatorAnalysis] = Field(default_factory=list)
+    closed_at: float = Field(description="Wall time the window was closed (for end-to-end latency).")
+
+
+# ---------------------------------------------------------------- output: decisions
+
+
+class Action(StrEnum):
+    NONE = "none"
+    SCALE_UP = "scale_up"
+    SCALE_DOWN = "scale_down"
+
+
+class DecisionReason(Contract):
+    code: str = Field(description="Machine-readable reason code, e.g. `ds2_optimal`, `rescale_in_progress`.")
+    message: str
+    numbers: dict[str, float | int | None] = Field(default_factory=dict)
+
+
+class ScalingDecision(Contract):
+    """Plan's verdict for one window. Topic `autoscaler.decisions`, key = job id."""
+
+    schema_version: Literal[1] = 1
+    decision_id: str = Field(default_factory=new_id, description="Unique; the idempotency key of execution.")
+    job_id: JobId
+    timestamp: float = Field(default_factory=time.time)
+    window_end: float
+    action: Action
+    from_parallelism: Parallelism
+    to_parallelism: Parallelism
+    operator_targets: dict[str, int] = Field(
+        default_factory=dict, description="Per-operator parallelism where operators scale independently."
+    )
+    policy: str
+    target_utilization: float
+    reason: DecisionReason
+    mode: str = Field("auto", description="`auto`: executed; `recommend`: published only.")
+    closed_at: float = Field(description="Wall time the window behind this decision was closed.")
+
+
+# ---------------------------------------------------------------- execute <-> job runner
+
+
+class RescaleCommand(Contract):
+    """Execute asks a job runner to rescale. Topic `autoscaler.commands`, key = job id."""
+
+    schema_version: Literal[1] = 1
+    decision_id: str
+    job_id: JobId
+    to_parallelism: Parallelism
+    fencing_token: int = Field(description="Execution-lock token; runners ignore stale tokens.")
+    issued_at: float = Field(default_factory=time.time)
+
+
+class RunnerStatus(StrEnum):
+    STARTED = "started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class RunnerReport(Contract):
+    """A job runner's answer to a command. Topic `autoscaler.runner-reports`, key = job id."""
+
+    schema_version: Literal[1] = 1
+    decision_id: str
+    job_id: JobId
+    status: RunnerStatus
+    from_parallelism: Parallelism
+    to_parallelism: Parallelism
+    running_parallelism: Parallelism = Field(description="What the job runs at now.")
+    fencing_token: int
+    downtime_s: NonNegativeFloat | None = None
+    error: str | None = None
+    rolled_back_to: Parallelism | None = None
+    timestamp: float = Field(default_factory=time.time)
+
+
+# ---------------------------------------------------------------- output: scaling events
+
+
+class EventType(StrEnum):
+    STARTED = "started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+class ScalingEvent(Contract):
+    """The lifecycle of one decision. Topic `autoscaler.scaling-events`, key = job id."""
+
+    schema_version: Literal[1] = 1
+    event_id: str = Field(default_factory=new_id)
+    decision_id: str
+    job_id: JobId
+    type: EventType
+    timestamp: float = Field(default_factory=time.time)
+    from_parallelism: Parallelism
+    to_parallelism: Parallelism
+    downtime_s: NonNegativeFloat | None = None
+    error: str | None = None
+    rolled_back_to: Parallelism | None = None
+    detail: str | None = None
+
+
+# ---------------------------------------------------------------- dead letters
+
+
+class DeadLetter(Contract):
+    """A rejected input record, kept whole. Topic `autoscaler.dead-letter`."""
+
+    schema_version: Literal[1] = 1
+    source_topic: str
+    reason: str = Field(description="Short machine-readable reason, e.g. `malformed_json`, `oversize`.")
+    detail: str = Field(description="Human-readable explanation (validation errors).")
+    key: str | None = None
+    payload_base64: str = Field(description="The original bytes, exactly (base64), unless truncated.")
+    payload_preview: str = Field(description="The start of the payload as UTF-8 text, for people.")
+    payload_bytes: int
+    payload_truncated: bool = Field(description="Only payloads beyond the dead-letter size cap are cut.")
+    partition: int | None = None
+    offset: int | None = None
+    rejected_at: float = Field(default_factory=time.time)
+    stage: str = "monitor"
+
+
+CONTRACTS: dict[str, type[Contract]] = {
+    "metric-report": MetricReport,
+    "metric-window": MetricWindow,
+    "analysis": Analysis,
+    "scaling-decision": ScalingDecision,
+    "rescale-command": RescaleCommand,
+    "runner-report": RunnerReport,
+    "scaling-event": ScalingEvent,
+    "dead-letter": DeadLetter,
+}
+
+
+def json_schema(name: str) -> dict[str, Any]:
+    try:
+        model = CONTRACTS[name]
+    except KeyError:
+        raise KeyError(f"unknown contract {name!r}; known: {', '.join(sorted(CONTRACTS))}") from None
+    return model.model_json_schema()
+
+
+def json_schema_text(name: str) -> str:
+    return json.dumps(json_schema(name), indent=2, sort_keys=True)

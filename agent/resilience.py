@@ -1,0 +1,38 @@
+"""Keep a stage alive while Redis is away: retry the work, never drop the input."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import redis.exceptions
+
+T = TypeVar("T")
+log = logging.getLogger("autoscaler")
+
+TRANSIENT = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, ConnectionError, OSError)
+
+
+async def until_done(
+    work: Callable[[], Awaitable[T]], what: str, first_delay: float = 0.2, max_delay: float = 5.0
+) -> T:
+    """Run `work` until it succeeds, backing off while knowledge (Redis) is unreachable.
+
+    The stream does not advance meanwhile, so no record is lost; the worker reports itself degraded."""
+    delay = first_delay
+    degraded = False
+    while True:
+        try:
+            result = await work()
+        except TRANSIENT as exc:
+            if not degraded:
+                log.warning("degraded: %s waits for knowledge (Redis): %s", what, exc)
+                degraded = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_delay)
+            continue
+        if degraded:
+            log.warning("recovered: %s continues", what)
+        return result

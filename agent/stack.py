@@ -1,0 +1,126 @@
+"""The embedded stack: a Kafka-protocol broker, Redis and the agents on one machine, no Docker.
+
+`up` records what it started in a state file; `down` stops exactly those processes (by their
+process groups) and nothing else, so an existing Redis that was merely used is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import redis
+from rich.console import Console
+from rich.table import Table
+
+from agent.processes import pid_alive, port_open, spawn, start_broker, start_redis, stop_pid
+from agent.settings import Settings
+from agent.topics import ensure_topics
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("AUTOSCALER_STATE_DIR", ".autoscaler"))
+
+
+@dataclass
+class Stack:
+    settings: Settings
+
+    @property
+    def state_file(self) -> Path:
+        return state_dir() / "stack.json"
+
+    def _load(self) -> dict[str, Any]:
+        if self.state_file.exists():
+            return dict(json.loads(self.state_file.read_text()))
+        return {}
+
+    def _save(self, state: dict[str, Any]) -> None:
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        self.state_file.write_text(json.dumps(state, indent=2))
+
+    def _redis_answers(self) -> bool:
+        try:
+            return bool(redis.Redis.from_url(self.settings.redis_url, socket_timeout=1).ping())
+        except redis.RedisError:
+            return False
+
+    def up(self, with_agents: bool = True, console: Console | None = None, timeout: float = 90.0) -> dict[str, Any]:
+        console = console or Console(quiet=True)
+        logs = state_dir() / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        state = self._load()
+
+        host, _, port = self.settings.kafka_bootstrap.partition(":")
+        if not port_open(host, int(port)):
+            broker = start_broker(int(port), logs / "broker.log")
+            state["broker"] = {"pid": broker.pid, "port": broker.port}
+            console.print(f"broker (tansu) listening on {self.settings.kafka_bootstrap}")
+        else:
+            console.print(f"broker: using the one at {self.settings.kafka_bootstrap}")
+
+        if self._redis_answers():
+            console.print(f"redis: using the one at {self.settings.redis_url}")
+        else:
+            url = urlparse(self.settings.redis_url)
+            server = start_redis(url.port or 6379, logs / "redis.log")
+            state["redis"] = {"pid": server.pid, "port": server.port}
+            console.print(f"redis started on port {server.port}")
+        self._save(state)
+
+        ensure_topics(self.settings)
+        if with_agents and not self._alive(state.get("agents")):
+            process = spawn("agents", [sys.executable, "-m", "agent", "agents"], logs / "agents.log")
+            state["agents"] = {"pid": process.pid, "port": self.settings.web_port}
+            self._save(state)
+            self.wait_ready(timeout)
+            console.print(f"agents ready: /metrics and /ready on port {self.settings.web_port}")
+        return state
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        url = f"http://127.0.0.1:{self.settings.web_port}/ready"
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url, timeout=1) as response:
+                    if json.loads(response.read()).get("ready"):
+                        return
+            except OSError:
+                pass
+            if not self._alive(self._load().get("agents")):
+                raise RuntimeError(f"the agents exited; see {state_dir() / 'logs' / 'agents.log'}")
+            time.sleep(0.3)
+        raise TimeoutError(f"agents not ready after {timeout:.0f} s; see {state_dir() / 'logs' / 'agents.log'}")
+
+    @staticmethod
+    def _alive(entry: dict[str, Any] | None) -> bool:
+        return bool(entry) and pid_alive(int(entry["pid"]))  # type: ignore[index]
+
+    def down(self, console: Console | None = None) -> None:
+        console = console or Console(quiet=True)
+        state = self._load()
+        for name in ("agents", "broker", "redis"):  # consumers first, their services last
+            entry = state.pop(name, None)
+            if entry and pid_alive(int(entry["pid"])):
+                stop_pid(int(entry["pid"]), timeout=15)
+                console.print(f"stopped {name} (pid {entry['pid']})")
+        self._save(state)
+
+    def status(self, console: Console | None = None) -> dict[str, bool]:
+        state = self._load()
+        alive = {name: self._alive(state.get(name)) for name in ("broker", "redis", "agents")}
+        if console:
+            table = Table("part", "started here", "running", "pid")
+            for name, running in alive.items():
+                entry = state.get(name)
+                table.add_row(name, "yes" if entry else "no (external or not started)",
+                              "yes" if running else "no", str(entry["pid"]) if entry else "-")
+            console.print(table)
+        return alive

@@ -1,0 +1,249 @@
+"""The knowledge base: the only code that talks to Redis.
+
+Keys are namespaced `<prefix>:job:<job id>:...`; every list is trimmed to the configured history
+length and per-decision markers expire, so memory per job is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from agent.settings import Settings
+from knowledge.jobs import JobConfig, validate_overrides
+
+DECISION_MARKER_TTL_S = 7 * 24 * 3600
+
+# Release the lock only if the caller still holds it (fencing: a stale holder cannot free a newer lock).
+_RELEASE_LOCK = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end
+"""
+
+
+class Knowledge:
+    def __init__(self, settings: Settings, client: aioredis.Redis | None = None, prefix: str = "autoscaler"):
+        self.settings = settings
+        self.prefix = prefix
+        self.redis: aioredis.Redis = client or aioredis.from_url(
+            settings.redis_url, decode_responses=True, health_check_interval=10
+        )
+        self._release_lock = self.redis.register_script(_RELEASE_LOCK)
+
+    # ---------------------------------------------------------------- keys
+
+    def _key(self, job_id: str, name: str) -> str:
+        return f"{self.prefix}:job:{job_id}:{name}"
+
+    @property
+    def _jobs_key(self) -> str:
+        return f"{self.prefix}:jobs"
+
+    @property
+    def _counters_key(self) -> str:
+        return f"{self.prefix}:counters"
+
+    async def _push_trimmed(self, job_id: str, name: str, value: str | float) -> None:
+        """Prepend to a per-job list, keeping it at most `history_length` long."""
+        key = self._key(job_id, name)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.lpush(key, value)
+            pipe.ltrim(key, 0, self.settings.history_length - 1)
+            await pipe.execute()
+
+    async def _recent_json(self, job_id: str, name: str, limit: int) -> list[dict[str, Any]]:
+        return [json.loads(item) for item in await self.redis.lrange(self._key(job_id, name), 0, limit - 1)]
+
+    async def ping(self) -> bool:
+        return bool(await self.redis.ping())
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    # ---------------------------------------------------------------- registry and config
+
+    async def register_job(self, job_id: str, overrides: dict[str, str] | None = None) -> JobConfig:
+        current = await self.redis.hgetall(self._key(job_id, "config"))
+        config = validate_overrides(self.settings, current, overrides or {})
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.sadd(self._jobs_key, job_id)
+            if overrides:
+                pipe.hset(self._key(job_id, "config"), mapping=overrides)
+            await pipe.execute()
+        return config
+
+    async def set_config(self, job_id: str, changes: dict[str, str]) -> JobConfig:
+        if not await self.job_exists(job_id):
+            raise KeyError(f"unknown job {job_id!r}; register it first")
+        return await self.register_job(job_id, changes)
+
+    async def unregister_job(self, job_id: str) -> None:
+        keys = [key async for key in self.redis.scan_iter(match=self._key(job_id, "*"), count=500)]
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.srem(self._jobs_key, job_id)
+            if keys:
+                pipe.delete(*keys)
+            await pipe.execute()
+
+    async def job_exists(self, job_id: str) -> bool:
+        return bool(await self.redis.sismember(self._jobs_key, job_id))
+
+    async def jobs(self) -> set[str]:
+        return set(await self.redis.smembers(self._jobs_key))
+
+    async def job_config(self, job_id: str) -> JobConfig:
+        overrides = await self.redis.hgetall(self._key(job_id, "config"))
+        return JobConfig.resolve(self.settings, overrides)
+
+    # ---------------------------------------------------------------- monitor: open windows
+
+    async def load_windows(self, job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        ids = list(job_ids)
+        if not ids:
+            return {}
+        raw = await self.redis.mget([self._key(job_id, "window") for job_id in ids])
+        return {job_id: json.loads(value) for job_id, value in zip(ids, raw, strict=True) if value}
+
+    async def save_windows(self, windows: dict[str, dict[str, Any]]) -> None:
+        if not windows:
+            return
+        await self.redis.mset({self._key(job_id, "window"): json.dumps(state) for job_id, state in windows.items()})
+
+    # ---------------------------------------------------------------- analyze: true-rate history
+
+    async def record_analysis(self, job_id: str, analysis_json: str, window_end: float, parallelism: int) -> bool:
+        """Append to the true-rate history; False if this window was already recorded (a redelivery)."""
+        fresh = await self._advance_watermark(job_id, "analyzed_until", window_end)
+        if fresh:
+            await self._push_trimmed(job_id, "rates", analysis_json)
+            await self.redis.hset(self._key(job_id, "state"), "parallelism_seen", parallelism)
+        return fresh
+
+    async def rate_history(self, job_id: str, limit: int = 100) -> list[dict[str, Any]]:
+        return await self._recent_json(job_id, "rates", limit)
+
+    async def last_valid_analysis(self, job_id: str, scan: int = 60) -> dict[str, Any] | None:
+        for item in await self.rate_history(job_id, scan):
+            if item.get("valid"):
+                return item
+        return None
+
+    async def _advance_watermark(self, job_id: str, field: str, value: float) -> bool:
+        """Atomically raise a per-job watermark; False when `value` is not beyond it."""
+        key = self._key(job_id, "state")
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    current = await pipe.hget(key, field)
+                    if current is not None and float(current) >= value:
+                        await pipe.unwatch()
+                        return False
+                    pipe.multi()
+                    pipe.hset(key, field, value)
+                    await pipe.execute()
+                    return True
+                except aioredis.WatchError:
+                    continue
+
+    # ---------------------------------------------------------------- plan: decisions
+
+    async def claim_window_for_plan(self, job_id: str, window_end: float) -> bool:
+        return await self._advance_watermark(job_id, "planned_until", window_end)
+
+    async def record_decision(self, job_id: str, decision_json: str) -> None:
+        await self._push_trimmed(job_id, "decisions", decision_json)
+
+    async def decisions(self, job_id: str, limit: int = 20) -> list[dict[str, Any]]:
+        return await self._recent_json(job_id, "decisions", limit)
+
+    # ---------------------------------------------------------------- execute: idempotency, lock, state
+
+    async def claim_decision(self, job_id: str, decision_id: str) -> bool:
+        """True exactly once per decision id: the idempotency key of execution."""
+        key = self._key(job_id, f"decision:{decision_id}")
+        return bool(await self.redis.set(key, time.time(), nx=True, ex=DECISION_MARKER_TTL_S))
+
+    async def acquire_lock(self, job_id: str, decision_id: str, ttl_s: float) -> int | None:
+        """Take the per-job execution lock; returns a fencing token that grows with every acquisition."""
+        token = int(await self.redis.incr(self._key(job_id, "fence")))
+        value = f"{token}:{decision_id}"
+        if await self.redis.set(self._key(job_id, "lock"), value, nx=True, px=int(ttl_s * 1000)):
+            return token
+        return None
+
+    async def lock_holder(self, job_id: str) -> tuple[int, str] | None:
+        value = await self.redis.get(self._key(job_id, "lock"))
+        if not value:
+            return None
+        token, _, decision_id = value.partition(":")
+        return int(token), decision_id
+
+    async def release_lock(self, job_id: str, token: int, decision_id: str) -> bool:
+        return bool(await self._release_lock(keys=[self._key(job_id, "lock")], args=[f"{token}:{decision_id}"]))
+
+    async def set_state(self, job_id: str, **fields: Any) -> None:
+        await self.redis.hset(self._key(job_id, "state"), mapping={k: json.dumps(v) for k, v in fields.items()})
+
+    async def state(self, job_id: str) -> dict[str, Any]:
+        raw = await self.redis.hgetall(self._key(job_id, "state"))
+        out: dict[str, Any] = {}
+        for key, value in raw.items():
+            try:
+                out[key] = json.loads(value)
+            except json.JSONDecodeError:
+                out[key] = value
+        return out
+
+    async def track_rescale(self, job_id: str, decision: dict[str, Any], token: int, deadline: float) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._key(job_id, "inflight"), mapping={"decision": json.dumps(decision), "token": token})
+            pipe.zadd(f"{self.prefix}:inflight", {job_id: deadline})
+            await pipe.execute()
+
+    async def inflight(self, job_id: str) -> tuple[dict[str, Any], int] | None:
+        raw = await self.redis.hgetall(self._key(job_id, "inflight"))
+        if not raw:
+            return None
+        return json.loads(raw["decision"]), int(raw["token"])
+
+    async def finish_rescale(self, job_id: str) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self._key(job_id, "inflight"))
+            pipe.zrem(f"{self.prefix}:inflight", job_id)
+            await pipe.execute()
+
+    async def claim_overdue(self, job_id: str) -> bool:
+        """True for exactly one caller: several execute workers may see the same overdue rescale."""
+        return bool(await self.redis.zrem(f"{self.prefix}:inflight", job_id))
+
+    async def overdue_rescales(self, now: float) -> list[str]:
+        return list(await self.redis.zrangebyscore(f"{self.prefix}:inflight", 0, now))
+
+    async def record_event(self, job_id: str, event_json: str) -> None:
+        await self._push_trimmed(job_id, "events", event_json)
+
+    async def events(self, job_id: str, limit: int = 20) -> list[dict[str, Any]]:
+        return await self._recent_json(job_id, "events", limit)
+
+    async def record_downtime(self, job_id: str, direction: str, downtime_s: float) -> None:
+        await self._push_trimmed(job_id, f"downtimes:{direction}", downtime_s)
+
+    async def downtimes(self, job_id: str, direction: str) -> list[float]:
+        return [float(v) for v in await self.redis.lrange(self._key(job_id, f"downtimes:{direction}"), 0, -1)]
+
+    # ---------------------------------------------------------------- counters
+
+    async def incr_counters(self, counts: dict[str, int]) -> None:
+        if not counts:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for name, value in counts.items():
+                pipe.hincrby(self._counters_key, name, value)
+            await pipe.execute()
+
+    async def counters(self) -> dict[str, int]:
+        return {k: int(v) for k, v in (await self.redis.hgetall(self._counters_key)).items()}
