@@ -1,0 +1,87 @@
+"""DS2 true processing and output rates: records per unit of useful (busy) time.
+
+Observed rates fall when an operator waits for input; true rates do not, so they estimate what an
+instance could sustain. Busy time arrives summed over instances (or task slots), so records divided
+by busy time is already the per-instance (per-slot) rate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.contracts import Analysis, MetricWindow, OperatorAnalysis, OperatorWindow
+
+# Below this much useful time a window's rates are mostly noise (one task's scheduling jitter).
+MIN_BUSY_TIME_S = 0.05
+
+
+def rate(records: int, seconds: float) -> float:
+    return records / seconds if seconds > 0 else 0.0
+
+
+def analyze_operator(op: OperatorWindow, observed_s: float) -> OperatorAnalysis:
+    return OperatorAnalysis(
+        operator_id=op.operator_id,
+        upstream=op.upstream,
+        parallelism=op.parallelism,
+        true_processing_rate=rate(op.records_in, op.busy_time_s),
+        true_output_rate=rate(op.records_out, op.busy_time_s),
+        observed_processing_rate=rate(op.records_in, observed_s),
+        utilization=op.busy_time_s / (observed_s * op.parallelism),
+        arrival_rate=op.arrival_rate,
+    )
+
+
+def invalid_reason(window: MetricWindow) -> str | None:
+    if window.parallelism_changed:
+        return "parallelism changed within the window (a rescale); its rates mix two configurations"
+    if window.records_in == 0:
+        return "no records processed in the window"
+    if window.busy_time_s < MIN_BUSY_TIME_S:
+        return f"busy time {window.busy_time_s:.3f} s is too short to measure a true rate"
+    return None
+
+
+def analyze_window(window: MetricWindow, fallback: dict[str, Any] | None = None) -> Analysis:
+    """True rates of one window. An idle window (no records) borrows the last valid true rates,
+    so that an idle job can still be scaled in; a window spanning a rescale stays invalid."""
+    reason = invalid_reason(window)
+    source = window.source
+    common: dict[str, Any] = {
+        "job_id": window.job_id,
+        "window_end": window.window_end,
+        "parallelism": window.parallelism,
+        "observed_processing_rate": rate(window.records_in, window.observed_s),
+        "utilization": window.busy_time_s / (window.observed_s * window.parallelism),
+        "arrival_rate": source.arrival_rate if source else None,
+        "backlog": source.backlog if source else None,
+        "backlog_growth_rate": source.backlog_growth_rate if source else None,
+        "partitions": source.partitions if source else None,
+        "splittable": source.splittable if source else True,
+        "closed_at": window.closed_at,
+    }
+    if reason is None:
+        return Analysis(
+            valid=True,
+            true_processing_rate=rate(window.records_in, window.busy_time_s),
+            true_output_rate=rate(window.records_out, window.busy_time_s),
+            operators=[analyze_operator(op, window.observed_s) for op in window.operators],
+            **common,
+        )
+    idle = window.records_in == 0 and not window.parallelism_changed
+    if idle and fallback is not None and fallback.get("true_processing_rate", 0) > 0:
+        return Analysis(
+            valid=True,
+            invalid_reason=None,
+            true_processing_rate=fallback["true_processing_rate"],
+            true_output_rate=fallback["true_output_rate"],
+            operators=[OperatorAnalysis.model_validate(op) for op in fallback.get("operators", [])],
+            **common,
+        )
+    return Analysis(
+        valid=False,
+        invalid_reason=reason,
+        true_processing_rate=0.0,
+        true_output_rate=0.0,
+        **common,
+    )

@@ -1,0 +1,139 @@
+"""Execute: apply decisions once each, one rescale per job at a time, and report their lifecycle.
+
+A decision becomes a rescale command to the job's runner under a per-job lock with a fencing
+token; the runner's report (or a timeout) completes or fails it and frees the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from agent import metrics
+from agent.app import Runtime
+from agent.contracts import (
+    Action,
+    EventType,
+    RescaleCommand,
+    RunnerReport,
+    RunnerStatus,
+    ScalingDecision,
+    ScalingEvent,
+)
+from agent.resilience import until_done
+
+log = logging.getLogger("autoscaler.execute")
+
+OVERDUE_CHECK_S = 1.0
+# Windows measured at the old parallelism that plan may still drop after a rescale completes.
+STALE_WINDOW_BUDGET = 3
+
+
+def register(runtime: Runtime) -> None:
+    app, knowledge, settings = runtime.app, runtime.knowledge, runtime.settings
+    decisions = runtime.topic("decisions")
+    reports = runtime.topic("runner_reports")
+    runtime.topic("commands")
+    runtime.topic("scaling_events")
+
+    async def emit(event: ScalingEvent) -> None:
+        await knowledge.record_event(event.job_id, event.model_dump_json())
+        await runtime.publish("scaling_events", event.job_id, event.to_bytes())
+        metrics.RESCALES.labels(event.job_id, event.type.value).inc()
+        log.info("%s: %s %s %d -> %d%s", event.job_id, event.decision_id[:8], event.type.value,
+                 event.from_parallelism, event.to_parallelism,
+                 f" ({event.detail or event.error})" if event.detail or event.error else "")
+
+    async def apply(value: bytes) -> None:
+        decision = ScalingDecision.model_validate_json(value)
+        if decision.action is Action.NONE or decision.mode != "auto":
+            return
+        job = decision.job_id
+        if not await knowledge.claim_decision(job, decision.decision_id):
+            log.info("%s: decision %s already executed; ignoring the redelivery", job, decision.decision_id)
+            return
+        token = await knowledge.acquire_lock(job, decision.decision_id, settings.rescale_timeout_s)
+        if token is None:
+            holder = await knowledge.lock_holder(job)
+            await emit(ScalingEvent(
+                decision_id=decision.decision_id, job_id=job, type=EventType.SKIPPED,
+                from_parallelism=decision.from_parallelism, to_parallelism=decision.to_parallelism,
+                detail=f"superseded: rescale {holder[1] if holder else '?'} of this job is still running",
+            ))
+            return
+        deadline = time.time() + settings.rescale_timeout_s
+        await knowledge.track_rescale(job, decision.model_dump(mode="json"), token, deadline)
+        command = RescaleCommand(
+            decision_id=decision.decision_id, job_id=job, to_parallelism=decision.to_parallelism,
+            fencing_token=token,
+        )
+        await runtime.publish("commands", job, command.to_bytes())
+        await emit(ScalingEvent(
+            decision_id=decision.decision_id, job_id=job, type=EventType.STARTED,
+            from_parallelism=decision.from_parallelism, to_parallelism=decision.to_parallelism,
+            detail=decision.reason.message,
+        ))
+
+    async def finish(job: str, decision_id: str, token: int) -> None:
+        await knowledge.finish_rescale(job)
+        await knowledge.release_lock(job, token, decision_id)
+
+    async def on_report(value: bytes) -> None:
+        report = RunnerReport.model_validate_json(value)
+        if report.status is RunnerStatus.STARTED:
+            return
+        job = report.job_id
+        tracked = await knowledge.inflight(job)
+        if tracked is None or tracked[0]["decision_id"] != report.decision_id:
+            log.warning("%s: runner report for %s matches no rescale in flight; ignored", job, report.decision_id)
+            return
+        decision, token = tracked
+        completed = report.status is RunnerStatus.COMPLETED
+        await knowledge.set_state(
+            job, parallelism=report.running_parallelism, expected_parallelism=report.running_parallelism,
+            stale_budget=STALE_WINDOW_BUDGET, last_rescale_at=report.timestamp,
+        )
+        if completed and report.downtime_s is not None:
+            up = report.to_parallelism > report.from_parallelism
+            await knowledge.record_downtime(job, "up" if up else "down", report.downtime_s)
+        await emit(ScalingEvent(
+            decision_id=report.decision_id, job_id=job,
+            type=EventType.COMPLETED if completed else EventType.FAILED,
+            from_parallelism=decision["from_parallelism"], to_parallelism=decision["to_parallelism"],
+            downtime_s=report.downtime_s, error=report.error, rolled_back_to=report.rolled_back_to,
+        ))
+        await finish(job, report.decision_id, token)
+
+    async def fail_overdue() -> None:
+        for job in await knowledge.overdue_rescales(time.time()):
+            if not await knowledge.claim_overdue(job):
+                continue
+            tracked = await knowledge.inflight(job)
+            if tracked is None:
+                await knowledge.finish_rescale(job)
+                continue
+            decision, token = tracked
+            await emit(ScalingEvent(
+                decision_id=decision["decision_id"], job_id=job, type=EventType.FAILED,
+                from_parallelism=decision["from_parallelism"], to_parallelism=decision["to_parallelism"],
+                error=f"no answer from the job runner within {settings.rescale_timeout_s:.0f} s",
+            ))
+            await finish(job, decision["decision_id"], token)
+
+    @app.agent(decisions, name="execute")
+    async def execute(stream: Any) -> None:
+        async for value in stream:
+            await until_done(lambda value=value: apply(value), "execute")
+
+    @app.agent(reports, name="execute-results")
+    async def execute_results(stream: Any) -> None:
+        async for value in stream:
+            await until_done(lambda value=value: on_report(value), "execute")
+
+    @app.timer(OVERDUE_CHECK_S)
+    async def overdue() -> None:
+        try:
+            await fail_overdue()
+        except Exception:
+            log.exception("checking for overdue rescales failed; will retry")

@@ -1,0 +1,133 @@
+"""`autoscaler job run`: run a Spark streaming job under the autoscaler's control."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from agent.settings import get_settings
+
+job_app = typer.Typer(help="Run Spark streaming jobs that the autoscaler rescales.", no_args_is_help=True)
+
+
+@job_app.callback()
+def _job() -> None:
+    """Run Spark streaming jobs that the autoscaler rescales."""
+
+
+def parse_pairs(pairs: list[str] | None, what: str) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{what} must be key=value, not {pair!r}")
+        result[key.strip()] = value
+    return result
+
+
+@job_app.command("run")
+def run(
+    job_id: Annotated[str, typer.Option("--job-id", help="The job's id in every topic.")],
+    checkpoint_dir: Annotated[
+        Path, typer.Option("--checkpoint-dir", help="The job's directory: checkpoint, runner state, pause file.")
+    ],
+    entry: Annotated[
+        str, typer.Option("--entry", help="module:function building the query (see pipeline.job).")
+    ] = "pipeline.demo:build",
+    parallelism: Annotated[
+        int,
+        typer.Option(
+            "--parallelism", "-p", min=1,
+            help="Initial task slots; a restarted runner resumes at the last parallelism it applied.",
+        ),
+    ] = 1,
+    master: Annotated[
+        str | None, typer.Option("--master", help="spark://host:port for a standalone cluster; default local[N].")
+    ] = None,
+    option: Annotated[
+        list[str] | None, typer.Option("--option", "-o", help="Job option key=value (repeatable), e.g. cost_ms=4.")
+    ] = None,
+    conf: Annotated[list[str] | None, typer.Option("--conf", help="Extra Spark conf key=value (repeatable).")] = None,
+    bootstrap: Annotated[
+        str | None, typer.Option("--bootstrap", help="Kafka bootstrap; default AUTOSCALER_KAFKA_BOOTSTRAP.")
+    ] = None,
+    metrics_topic: Annotated[str | None, typer.Option("--metrics-topic")] = None,
+    commands_topic: Annotated[str | None, typer.Option("--commands-topic")] = None,
+    reports_topic: Annotated[str | None, typer.Option("--reports-topic")] = None,
+    trigger_interval: Annotated[
+        float, typer.Option("--trigger-interval", help="Seconds between micro-batch starts; 0: back to back.")
+    ] = 1.0,
+    report_interval: Annotated[float, typer.Option("--report-interval", help="Seconds per MetricReport.")] = 5.0,
+    max_records_per_trigger: Annotated[int | None, typer.Option("--max-records-per-trigger", min=1)] = None,
+    retries: Annotated[int, typer.Option("--retries", min=0, help="Start attempts beyond the first.")] = 2,
+    max_parallelism: Annotated[
+        int | None, typer.Option("--max-parallelism", min=1, help="Refuse commands above this.")
+    ] = None,
+    start_timeout: Annotated[float, typer.Option("--start-timeout")] = 120.0,
+    stop_timeout: Annotated[float, typer.Option("--stop-timeout")] = 60.0,
+    listen: Annotated[bool, typer.Option("--listen/--no-listen", help="Consume RescaleCommands.")] = True,
+    log_level: Annotated[str, typer.Option("--log-level")] = "info",
+) -> None:
+    """Start the job and apply the RescaleCommands addressed to it until stopped (SIGTERM/Ctrl-C)."""
+    from execute.runner import RunnerConfig, RunnerFatal, StartError, run_job
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    settings = get_settings()
+    overrides = {
+        name: value
+        for name, value in (
+            ("metrics", metrics_topic),
+            ("commands", commands_topic),
+            ("runner_reports", reports_topic),
+        )
+        if value
+    }
+    if overrides:
+        settings = settings.model_copy(update={"topics": settings.topics.model_copy(update=overrides)})
+    options = parse_pairs(option, "--option")
+    if max_records_per_trigger:
+        options["maxRecordsPerTrigger"] = str(max_records_per_trigger)
+    config = RunnerConfig(
+        job_id=job_id,
+        entry_point=entry,
+        parallelism=parallelism,
+        checkpoint_dir=checkpoint_dir,
+        master=master,
+        bootstrap=bootstrap,
+        options=options,
+        spark_conf=parse_pairs(conf, "--conf"),
+        trigger_interval_s=trigger_interval or None,
+        report_interval_s=report_interval,
+        stop_timeout_s=stop_timeout,
+        start_timeout_s=start_timeout,
+        retries=retries,
+        max_parallelism=max_parallelism,
+        listen=listen,
+        settings=settings,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        logging.getLogger(__name__).info("signal %d: stopping the job between micro-batches", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        run_job(config, stop)
+    except (StartError, RunnerFatal) as exc:
+        logging.getLogger(__name__).error("the job is not running: %s", exc)
+        raise typer.Exit(1) from exc
+
+
+if __name__ == "__main__":
+    job_app()

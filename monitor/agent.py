@@ -1,0 +1,127 @@
+"""Monitor: validate metric reports, dead-letter bad ones, close a window per job per loop interval.
+
+Open windows live in knowledge with the last offset applied per partition, so a restarted or
+rebalanced worker continues them and skips records it already folded in.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+from agent import metrics
+from agent.app import Runtime
+from agent.contracts import DeadLetter, MetricReport, MetricWindow
+from agent.resilience import until_done
+from monitor.validation import Rejection, dead_letter, parse_report
+from monitor.windows import LateReport, WindowState, add_report, already_applied
+
+log = logging.getLogger("autoscaler.monitor")
+
+BATCH_MAX = 2000
+BATCH_WITHIN_S = 0.01
+REGISTRY_TTL_S = 2.0
+
+
+class RegistryCache:
+    """Known job ids, refreshed every few seconds; a miss is re-checked so new jobs count at once."""
+
+    def __init__(self, runtime: Runtime):
+        self.runtime = runtime
+        self.known: set[str] = set()
+        self.loaded_at = 0.0
+
+    async def unknown(self, job_ids: set[str]) -> set[str]:
+        now = time.monotonic()
+        if now - self.loaded_at > REGISTRY_TTL_S or not job_ids <= self.known:
+            self.known = await self.runtime.knowledge.jobs()
+            self.loaded_at = now
+        return job_ids - self.known
+
+
+def register(runtime: Runtime) -> None:
+    app, settings, knowledge = runtime.app, runtime.settings, runtime.knowledge
+    source = runtime.topic("metrics")
+    runtime.topic("windows")
+    runtime.topic("dead_letter")
+    windows: dict[str, WindowState] = {}
+    registry = RegistryCache(runtime)
+
+    @app.on_partitions_revoked.connect
+    async def forget_windows(sender: Any, revoked: Any, **kwargs: Any) -> None:
+        # Another worker may own these jobs now: re-read their windows from knowledge next time.
+        windows.clear()
+
+    async def process(events: list[Any]) -> None:
+        now = time.time()
+        rejected: list[DeadLetter] = []
+        accepted: list[tuple[MetricReport, Any]] = []
+        for event in events:
+            message = event.message
+            result = parse_report(
+                event.value, message.key, settings.max_message_bytes, now, settings.max_clock_skew_s
+            )
+            if isinstance(result, Rejection):
+                rejected.append(_dead(source.get_topic_name(), event, result))
+            else:
+                accepted.append((result, event))
+
+        unknown = await registry.unknown({report.job_id for report, _ in accepted})
+        missing = {r.job_id for r, _ in accepted if r.job_id not in windows and r.job_id not in unknown}
+        windows.update(await knowledge.load_windows(missing))
+
+        closed: list[MetricWindow] = []
+        dirty: set[str] = set()
+        accepted_per_job: Counter[str] = Counter()
+        for report, event in accepted:
+            job = report.job_id
+            partition, offset = event.message.partition, event.message.offset
+            if job in unknown:
+                rejected.append(_dead(source.get_topic_name(), event, Rejection(
+                    "unknown_job", f"job {job!r} is not registered (autoscaler jobs register {job})")))
+                continue
+            state = windows.get(job)
+            if already_applied(state, partition, offset):
+                continue  # redelivered after a restart: already in the window
+            try:
+                state, window = add_report(state, report, settings.loop_interval_s, partition, offset)
+            except LateReport as exc:
+                rejected.append(_dead(source.get_topic_name(), event, Rejection("late_report", str(exc))))
+                continue
+            windows[job] = state
+            dirty.add(job)
+            accepted_per_job[job] += 1
+            if window is not None:
+                closed.append(window)
+
+        # Windows first, state second: a crash in between re-closes a window (analyze and plan
+        # drop the duplicate by its end) instead of losing it.
+        for window in closed:
+            await runtime.publish("windows", window.job_id, window.to_bytes())
+            metrics.WINDOWS_CLOSED.labels(window.job_id).inc()
+        for letter in rejected:
+            await runtime.publish("dead_letter", letter.key or "", letter.to_bytes())
+            metrics.REPORTS_REJECTED.labels(letter.reason).inc()
+            log.warning("dead-lettered a metric report: %s: %s", letter.reason, letter.detail[:200])
+        await knowledge.save_windows({job: windows[job] for job in dirty})
+        counts = {"reports_accepted": sum(accepted_per_job.values())}
+        counts.update(Counter(f"rejected:{letter.reason}" for letter in rejected))
+        await knowledge.incr_counters({k: v for k, v in counts.items() if v})
+        for job, n in accepted_per_job.items():
+            metrics.REPORTS_ACCEPTED.labels(job).inc(n)
+
+    @app.agent(source, name="monitor")
+    async def monitor(stream: Any) -> None:
+        async for events in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):
+            batch = list(events)
+            await until_done(lambda batch=batch: process(batch), "monitor")
+
+
+def _dead(topic: str, event: Any, rejection: Rejection) -> DeadLetter:
+    message = event.message
+    return dead_letter(
+        topic, event.value, message.key, rejection, "monitor", message.partition, message.offset
+    )
+

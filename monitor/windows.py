@@ -1,0 +1,186 @@
+"""Tumbling windows of metric time per job: pure logic, state as plain dicts (JSON-serializable).
+
+A window [start, start + interval) collects every report whose end timestamp falls in it. It closes
+when the first report of a later window arrives, in metric time, so replayed or time-compressed
+metrics close windows exactly as live ones do.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from agent.contracts import MetricReport, MetricWindow, OperatorWindow, SourceWindow
+
+WindowState = dict[str, Any]
+
+
+class LateReport(ValueError):
+    """A report for a window that is already closed."""
+
+
+def window_start_for(timestamp: float, interval_s: float) -> float:
+    return math.floor(timestamp / interval_s) * interval_s
+
+
+def new_window(start: float) -> WindowState:
+    return {"start": start, "reports": 0, "workers": {}, "offsets": {}}
+
+
+def already_applied(state: WindowState | None, partition: int, offset: int) -> bool:
+    """A redelivered record (offset not beyond the last one applied for its partition)."""
+    if state is None:
+        return False
+    last = state["offsets"].get(str(partition))
+    return last is not None and offset <= last
+
+
+def add_report(
+    state: WindowState | None,
+    report: MetricReport,
+    interval_s: float,
+    partition: int | None = None,
+    offset: int | None = None,
+) -> tuple[WindowState, MetricWindow | None]:
+    """Fold one report into the job's open window; returns (new state, the window it closed, if any)."""
+    start = window_start_for(report.timestamp, interval_s)
+    closed: MetricWindow | None = None
+    if state is None:
+        state = new_window(start)
+    elif start < state["start"]:
+        raise LateReport(
+            f"report at {report.timestamp:.3f} belongs to window {start:.0f}, "
+            f"but window {state['start']:.0f} is already open"
+        )
+    elif start > state["start"]:
+        closed = close_window(state, report.job_id, interval_s)
+        state = new_window(start) | {"offsets": state["offsets"]}
+    _fold(state, report)
+    if partition is not None and offset is not None:
+        state["offsets"][str(partition)] = offset
+    return state, closed
+
+
+def _fold(state: WindowState, report: MetricReport) -> None:
+    state["reports"] += 1
+    worker = state["workers"].setdefault(
+        report.worker_id,
+        {
+            "records_in": 0,
+            "records_out": 0,
+            "busy": 0.0,
+            "observed": 0.0,
+            "first_begin": report.timestamp - report.interval_s,
+            "last_end": report.timestamp,
+            "parallelism_first": report.parallelism,
+            "cpu_weighted": 0.0,
+            "cpu_time": 0.0,
+            "operators": {},
+        },
+    )
+    worker["records_in"] += report.records_in
+    worker["records_out"] += report.records_out
+    worker["busy"] += report.busy_time_s
+    worker["observed"] += report.interval_s
+    worker["first_begin"] = min(worker["first_begin"], report.timestamp - report.interval_s)
+    worker["last_end"] = max(worker["last_end"], report.timestamp)
+    worker["parallelism_last"] = report.parallelism
+    worker["parallelism_changed"] = worker.get("parallelism_changed", False) or (
+        report.parallelism != worker["parallelism_first"]
+    )
+    if report.cpu_utilization is not None:
+        worker["cpu_weighted"] += report.cpu_utilization * report.interval_s
+        worker["cpu_time"] += report.interval_s
+    if report.source is not None:
+        src = worker.setdefault(
+            "source", {"arrivals": 0.0, "observed": 0.0, "backlog_first": report.source.backlog,
+                       "first_at": report.timestamp, "splittable": True}
+        )
+        src["arrivals"] += report.source.arrival_rate * report.interval_s
+        src["observed"] += report.interval_s
+        src["backlog_last"] = report.source.backlog
+        src["last_at"] = report.timestamp
+        src["partitions"] = report.source.partitions
+        src["splittable"] = src["splittable"] and report.source.splittable
+    for op in report.operators:
+        agg = worker["operators"].setdefault(
+            op.operator_id, {"records_in": 0, "records_out": 0, "busy": 0.0, "arrivals": None}
+        )
+        agg["records_in"] += op.records_in
+        agg["records_out"] += op.records_out
+        agg["busy"] += op.busy_time_s
+        agg["upstream"] = list(op.upstream)
+        agg["parallelism"] = op.parallelism
+        if op.arrival_rate is not None:
+            agg["arrivals"] = (agg["arrivals"] or 0.0) + op.arrival_rate * report.interval_s
+
+
+def close_window(state: WindowState, job_id: str, interval_s: float) -> MetricWindow:
+    workers = state["workers"].values()
+    observed = max(w["observed"] for w in workers)
+    last_worker = max(workers, key=lambda w: w["last_end"])
+    parallelisms = {w["parallelism_first"] for w in workers} | {w["parallelism_last"] for w in workers}
+    cpu_time = sum(w["cpu_time"] for w in workers)
+    cpu = sum(w["cpu_weighted"] for w in workers) / cpu_time if cpu_time else None
+    return MetricWindow(
+        job_id=job_id,
+        window_start=state["start"],
+        window_end=state["start"] + interval_s,
+        observed_s=observed,
+        report_count=state["reports"],
+        workers=len(state["workers"]),
+        parallelism=last_worker["parallelism_last"],
+        parallelism_changed=len(parallelisms) > 1 or any(w["parallelism_changed"] for w in workers),
+        records_in=sum(w["records_in"] for w in workers),
+        records_out=sum(w["records_out"] for w in workers),
+        busy_time_s=sum(w["busy"] for w in workers),
+        cpu_utilization=cpu,
+        source=_source_window(workers),
+        operators=_operator_windows(workers, observed),
+    )
+
+
+def _source_window(workers: Any) -> SourceWindow | None:
+    sources = [w["source"] for w in workers if "source" in w]
+    if not sources:
+        return None
+    growth = 0.0
+    for src in sources:
+        span = src["last_at"] - src["first_at"]
+        if span > 0:
+            growth += (src["backlog_last"] - src["backlog_first"]) / span
+    return SourceWindow(
+        arrival_rate=sum(s["arrivals"] / s["observed"] for s in sources),
+        backlog=sum(s["backlog_last"] for s in sources),
+        backlog_growth_rate=growth,
+        partitions=max(s["partitions"] for s in sources),
+        splittable=all(s["splittable"] for s in sources),
+    )
+
+
+def _operator_windows(workers: Any, observed: float) -> list[OperatorWindow]:
+    merged: dict[str, dict[str, Any]] = {}
+    for worker in workers:
+        for op_id, agg in worker["operators"].items():
+            into = merged.setdefault(
+                op_id, {"records_in": 0, "records_out": 0, "busy": 0.0, "arrivals": None}
+            )
+            into["records_in"] += agg["records_in"]
+            into["records_out"] += agg["records_out"]
+            into["busy"] += agg["busy"]
+            into["upstream"] = agg["upstream"]
+            into["parallelism"] = agg["parallelism"]
+            if agg["arrivals"] is not None:
+                into["arrivals"] = (into["arrivals"] or 0.0) + agg["arrivals"]
+    return [
+        OperatorWindow(
+            operator_id=op_id,
+            upstream=agg["upstream"],
+            parallelism=agg["parallelism"],
+            records_in=agg["records_in"],
+            records_out=agg["records_out"],
+            busy_time_s=agg["busy"],
+            arrival_rate=None if agg["arrivals"] is None else agg["arrivals"] / observed,
+        )
+        for op_id, agg in merged.items()
+    ]

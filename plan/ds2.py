@@ -1,0 +1,204 @@
+"""DS2's one-step optimal parallelism, with the bounds a production job needs.
+
+Per operator (engines where operators scale independently), DS2's Eq. 7: walk the dataflow in
+topological order, propagate the target rate from the sources through each operator's selectivity,
+and give each operator the instances its true processing rate needs to carry its target input rate.
+For shared-slot engines (Spark), DS2's Timely rule: the job needs the sum of its operators' needs,
+which the job-level busy time already adds up, so slots = target rate / per-slot true rate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from graphlib import CycleError, TopologicalSorter
+
+from agent.contracts import Action, Analysis, DecisionReason, OperatorAnalysis
+from knowledge.jobs import JobConfig
+
+# Guards the ceiling against floating-point noise (4.0000000001 slots is 4 slots).
+EPSILON = 1e-9
+
+
+def slots_for(rate: float, per_instance_rate: float, target_utilization: float) -> int:
+    return max(1, math.ceil(rate / (per_instance_rate * target_utilization) - EPSILON))
+
+
+def target_rate(arrival_rate: float, backlog: int, catch_up_duration_s: float) -> float:
+    """Keep up with arrivals and drain the current backlog within the catch-up duration."""
+    return arrival_rate + backlog / catch_up_duration_s
+
+
+@dataclass(frozen=True)
+class Plan:
+    action: Action
+    to_parallelism: int
+    reason: DecisionReason
+    operator_targets: dict[str, int] = field(default_factory=dict)
+
+
+def hold(parallelism: int, code: str, message: str, **numbers: float | int | None) -> Plan:
+    return Plan(Action.NONE, parallelism, DecisionReason(code=code, message=message, numbers=numbers))
+
+
+def direction(current: int, target: int) -> Action:
+    if target > current:
+        return Action.SCALE_UP
+    if target < current:
+        return Action.SCALE_DOWN
+    return Action.NONE
+
+
+def topological_order(operators: list[OperatorAnalysis]) -> list[OperatorAnalysis]:
+    by_id = {op.operator_id: op for op in operators}
+    sorter = TopologicalSorter({op.operator_id: set(op.upstream) for op in operators})
+    try:
+        return [by_id[op_id] for op_id in sorter.static_order()]
+    except CycleError as exc:
+        raise ValueError(f"the operator graph has a cycle: {exc.args[1]}") from None
+
+
+def operator_targets(
+    operators: list[OperatorAnalysis], job_arrival_rate: float | None, target_utilization: float
+) -> tuple[dict[str, int], dict[str, float]]:
+    """DS2 Eq. 7: (optimal parallelism, target input rate) per operator.
+
+    A source operator's target input rate is its own reported arrival rate, else the job's arrival
+    rate shared evenly by the sources, else what it processes now (no better signal)."""
+    sources = [op for op in operators if not op.upstream]
+    target_in: dict[str, float] = {}
+    target_out: dict[str, float] = {}
+    parallelism: dict[str, int] = {}
+    for op in topological_order(operators):
+        if not op.upstream:
+            if op.arrival_rate is not None:
+                rate_in = op.arrival_rate
+            elif job_arrival_rate is not None:
+                rate_in = job_arrival_rate / len(sources)
+            else:
+                rate_in = op.observed_processing_rate
+        else:
+            rate_in = sum(target_out[up] for up in op.upstream)
+        target_in[op.operator_id] = rate_in
+        if op.true_processing_rate > 0:
+            selectivity = op.true_output_rate / op.true_processing_rate
+            parallelism[op.operator_id] = slots_for(rate_in, op.true_processing_rate, target_utilization)
+        else:
+            # Nothing processed: no rate to scale by; keep the operator as it is.
+            selectivity = 0.0
+            parallelism[op.operator_id] = op.parallelism
+        target_out[op.operator_id] = rate_in * selectivity
+    return parallelism, target_in
+
+
+def bound(parallelism: int, config: JobConfig, analysis: Analysis) -> tuple[int, list[str]]:
+    """Clamp to the job's min/max and to how finely its source can be split."""
+    notes: list[str] = []
+    bounded = min(max(parallelism, config.min_parallelism), config.max_parallelism)
+    if bounded != parallelism:
+        notes.append(f"bounded to [{config.min_parallelism}, {config.max_parallelism}]")
+    if not analysis.splittable and analysis.partitions and bounded > analysis.partitions:
+        notes.append(f"capped at the source's {analysis.partitions} partitions (not splittable)")
+        bounded = max(analysis.partitions, config.min_parallelism)
+    return bounded, notes
+
+
+def plan_ds2(analysis: Analysis, config: JobConfig) -> Plan:
+    current = analysis.parallelism
+    if not analysis.valid:
+        return hold(current, "invalid_window", analysis.invalid_reason or "window not usable")
+    if config.per_operator and analysis.operators:
+        return _plan_per_operator(analysis, config)
+    return _plan_job(analysis, config)
+
+
+def _target(analysis: Analysis, config: JobConfig) -> tuple[float, str]:
+    if analysis.arrival_rate is None:
+        return analysis.observed_processing_rate, "observed processing rate (the job reports no source)"
+    return (
+        target_rate(analysis.arrival_rate, analysis.backlog or 0, config.catch_up_duration_s),
+        f"arrival rate plus the backlog drained in {config.catch_up_duration_s:.0f} s",
+    )
+
+
+def _within_band(implied_utilization: float, config: JobConfig) -> bool:
+    low = config.target_utilization - config.utilization_band
+    high = min(config.target_utilization + config.utilization_band, 1.0)
+    return low <= implied_utilization <= high
+
+
+def _plan_job(analysis: Analysis, config: JobConfig) -> Plan:
+    current = analysis.parallelism
+    per_slot = analysis.true_processing_rate
+    rate, rate_basis = _target(analysis, config)
+    unbounded = slots_for(rate, per_slot, config.target_utilization)
+    to, notes = bound(unbounded, config, analysis)
+    implied = rate / (current * per_slot)
+    numbers: dict[str, float | int | None] = {
+        "true_processing_rate_per_slot": round(per_slot, 3),
+        "true_output_rate_per_slot": round(analysis.true_output_rate, 3),
+        "target_rate": round(rate, 3),
+        "arrival_rate": analysis.arrival_rate,
+        "backlog": analysis.backlog,
+        "capacity_now": round(current * per_slot, 3),
+        "capacity_at_target": round(to * per_slot, 3),
+        "utilization": round(analysis.utilization, 4),
+        "implied_utilization": round(implied, 4),
+        "optimal_unbounded": unbounded,
+    }
+    if to != current and _within_band(implied, config):
+        return hold(
+            current,
+            "within_utilization_band",
+            f"{current} slots would run at {implied:.0%} utilization, inside "
+            f"{config.target_utilization:.0%} +- {config.utilization_band:.0%}",
+            **numbers,
+        )
+    action = direction(current, to)
+    message = (
+        f"target rate {rate:.1f} rec/s ({rate_basis}) / ({per_slot:.1f} rec/s per slot x "
+        f"{config.target_utilization:.0%}) -> {unbounded} slots"
+    )
+    if notes:
+        message += "; " + "; ".join(notes)
+    code = "ds2_optimal" if action is not Action.NONE else "at_optimal"
+    return Plan(action, to, DecisionReason(code=code, message=message, numbers=numbers))
+
+
+def _plan_per_operator(analysis: Analysis, config: JobConfig) -> Plan:
+    targets, target_in = operator_targets(analysis.operators, analysis.arrival_rate, config.target_utilization)
+    bounded = {op_id: bound(p, config, analysis)[0] for op_id, p in targets.items()}
+    current = {op.operator_id: op.parallelism for op in analysis.operators}
+    numbers: dict[str, float | int | None] = {}
+    implied: dict[str, float] = {}
+    for op in analysis.operators:
+        numbers[f"{op.operator_id}.true_processing_rate"] = round(op.true_processing_rate, 3)
+        numbers[f"{op.operator_id}.true_output_rate"] = round(op.true_output_rate, 3)
+        numbers[f"{op.operator_id}.target_rate"] = round(target_in[op.operator_id], 3)
+        if op.true_processing_rate > 0:
+            implied[op.operator_id] = target_in[op.operator_id] / (op.parallelism * op.true_processing_rate)
+    to = max(bounded.values())
+    if bounded == current:
+        return Plan(
+            Action.NONE, analysis.parallelism,
+            DecisionReason(code="at_optimal", message="every operator runs at its DS2 parallelism", numbers=numbers),
+            operator_targets=bounded,
+        )
+    if all(_within_band(u, config) for u in implied.values()):
+        return Plan(
+            Action.NONE, analysis.parallelism,
+            DecisionReason(
+                code="within_utilization_band",
+                message="every operator's implied utilization is inside the target band",
+                numbers=numbers,
+            ),
+            operator_targets=current,
+        )
+    grows = any(bounded[k] > current[k] for k in bounded)
+    action = Action.SCALE_UP if grows else Action.SCALE_DOWN
+    changes = ", ".join(f"{k} {current[k]}->{bounded[k]}" for k in bounded if bounded[k] != current[k])
+    return Plan(
+        action, to,
+        DecisionReason(code="ds2_optimal", message=f"DS2 per-operator targets: {changes}", numbers=numbers),
+        operator_targets=bounded,
+    )
