@@ -1,0 +1,265 @@
+"""Pure pieces of the metrics reporter: stage accounting and interval aggregation, no I/O.
+
+The reporter shell (pipeline.reporter) feeds these with StreamingQueryProgress events and the
+driver's REST stage list, and publishes what `IntervalAggregator.report` returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from agent.contracts import MetricReport, SourceMetrics
+from pipeline import offsets as off
+
+
+@dataclass(frozen=True)
+class StageTotals:
+    run_time_s: float = 0.0
+    cpu_time_s: float = 0.0
+    stages: int = 0
+    tasks: int = 0
+    available: bool = True  # False: the stage list could not be read
+
+    def __add__(self, other: StageTotals) -> StageTotals:
+        return StageTotals(
+            self.run_time_s + other.run_time_s,
+            self.cpu_time_s + other.cpu_time_s,
+            self.stages + other.stages,
+            self.tasks + other.tasks,
+            self.available and other.available,
+        )
+
+
+class StageTracker:
+    """Sums the task time of stages as they complete, each (stageId, attemptId) once.
+
+    Only completed stages count: a micro-batch's stages have all completed when its progress
+    event is posted, so nothing is lost; a stage finishing just after a report is counted in the
+    next one. Failed attempts are not useful work and are skipped.
+
+    Memory stays bounded by Spark's own stage retention: a counted key whose stage id is below the
+    lowest id the driver still lists can never be listed again, so it is forgotten.
+    """
+
+    def __init__(self) -> None:
+        self._counted: set[tuple[int, int]] = set()
+
+    def __len__(self) -> int:
+        return len(self._counted)
+
+    def prime(self, stages: Iterable[Mapping[str, Any]]) -> None:
+        """Mark the stages listed now as counted: work from before the reporter attached."""
+        self.new_completed(stages)
+
+    def new_completed(self, stages: Iterable[Mapping[str, Any]]) -> StageTotals:
+        listed = [s for s in stages if "stageId" in s]
+        total = StageTotals()
+        for stage in listed:
+            if str(stage.get("status", "")).upper() != "COMPLETE":
+                continue
+            key = (int(stage["stageId"]), int(stage.get("attemptId", 0)))
+            if key in self._counted:
+                continue
+            self._counted.add(key)
+            total = total + StageTotals(
+                run_time_s=float(stage.get("executorRunTime", 0) or 0) / 1000.0,
+                cpu_time_s=float(stage.get("executorCpuTime", 0) or 0) / 1e9,
+                stages=1,
+                tasks=int(stage.get("numCompleteTasks", 0) or 0),
+            )
+        if listed:
+            lowest = min(int(s["stageId"]) for s in listed)
+            self._counted = {k for k in self._counted if k[0] >= lowest}
+        return total
+
+
+@dataclass(frozen=True)
+class ProgressSample:
+    """The parts of one StreamingQueryProgress the reporter uses (of the first source)."""
+
+    trigger_start: float  # epoch s; the source read its log-end offsets at about this time
+    duration_s: float
+    input_rows: int
+    sink_rows: int | None  # None: the sink does not count its rows (e.g. foreachBatch)
+    processed: off.OffsetMap  # end offsets of the batch
+    log_end: off.OffsetMap  # log-end offsets the source reported
+
+    @property
+    def end(self) -> float:
+        return self.trigger_start + self.duration_s
+
+
+def parse_spark_timestamp(text: str) -> float:
+    """Progress timestamps look like 2024-05-01T12:00:00.123Z."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def sample_from_progress(progress: Mapping[str, Any] | Any) -> ProgressSample:
+    """Convert a StreamingQueryProgress (object or its JSON dict) into a ProgressSample."""
+    get = progress.get if isinstance(progress, Mapping) else lambda k, d=None: getattr(progress, k, d)
+    durations = get("durationMs") or {}
+    sources = get("sources") or []
+    source = sources[0] if sources else None
+
+    def source_field(name: str) -> Any:
+        if source is None:
+            return None
+        return source.get(name) if isinstance(source, Mapping) else getattr(source, name, None)
+
+    sink = get("sink")
+    sink_rows = None
+    if sink is not None:
+        rows = sink.get("numOutputRows") if isinstance(sink, Mapping) else getattr(sink, "numOutputRows", None)
+        sink_rows = int(rows) if rows is not None and int(rows) >= 0 else None
+    return ProgressSample(
+        trigger_start=parse_spark_timestamp(str(get("timestamp"))),
+        duration_s=float(durations.get("triggerExecution", 0) or 0) / 1000.0,
+        input_rows=int(get("numInputRows") or 0),
+        sink_rows=sink_rows,
+        processed=off.parse_progress_offsets(source_field("endOffset")),
+        log_end=off.parse_progress_offsets(source_field("latestOffset")),
+    )
+
+
+def backlog_at_end(sample: ProgressSample, arrival_rate: float) -> int:
+    """Records waiting when the batch ended.
+
+    The source read the log end when the batch started, so "log end minus processed end" misses
+    what arrived while the batch ran; that part is estimated as arrival rate x batch duration.
+    """
+    return off.backlog(sample.log_end, sample.processed) + round(arrival_rate * sample.duration_s)
+
+
+@dataclass
+class IntervalAggregator:
+    """Accumulates progress samples into one MetricReport per interval.
+
+    records_out: what the job says it wrote (`job_output`), else the sink's row count when every
+    batch of the interval reported one, else records_in (a job that emits one record per input).
+    Arrival rate: growth of the log-end offsets between the last sample of the previous report and
+    the last sample of this one, over the time between those samples' triggers. Backlog: see
+    `backlog_at_end`.
+    """
+
+    job_id: str
+    started_at: float  # epoch s; the first interval starts here
+    splittable: bool = True
+    _interval_start: float = field(init=False)
+    _records_in: int = field(default=0, init=False)
+    _sink_rows: int | None = field(default=0, init=False)
+    _baseline: ProgressSample | None = field(default=None, init=False)
+    _last: ProgressSample | None = field(default=None, init=False)
+    _samples: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self._interval_start = self.started_at
+
+    @property
+    def pending_samples(self) -> int:
+        return self._samples
+
+    @property
+    def last_sample(self) -> ProgressSample | None:
+        return self._last
+
+    def add(self, sample: ProgressSample) -> None:
+        self._records_in += sample.input_rows
+        if self._sink_rows is not None:
+            self._sink_rows = None if sample.sink_rows is None else self._sink_rows + sample.sink_rows
+        if self._baseline is None and sample.log_end:
+            self._baseline = sample
+        self._last = sample
+        self._samples += 1
+
+    def due(self, now: float, min_interval_s: float) -> bool:
+        """Whether to close the interval now.
+
+        The first report waits for a second sample with log-end offsets: one sample alone cannot
+        show an arrival rate, and a report of 0 would read as "no load".
+        """
+        if self._last is None or self._samples == 0 or now - self._interval_start < min_interval_s:
+            return False
+        if not self._last.log_end:
+            return True
+        return self._baseline is not None and self._baseline is not self._last
+
+    def report(
+        self,
+        parallelism: int,
+        stages: StageTotals,
+        job_output: int | None = None,
+    ) -> MetricReport | None:
+        """Close the interval; None when no progress arrived since the last report."""
+        if self._last is None or self._samples == 0:
+            return None
+        # The interval ends with the last batch it covers, not when the listener got around to it.
+        end = max(self._last.end, self._interval_start + 1e-3)
+        if job_output is not None:
+            records_out = job_output
+        elif self._sink_rows is not None:
+            records_out = self._sink_rows
+        else:
+            records_out = self._records_in
+        source = None
+        if self._last.log_end:
+            base = self._baseline if self._baseline is not None else self._last
+            rate = off.arrival_rate(base.log_end, self._last.log_end, self._last.trigger_start - base.trigger_start)
+            source = SourceMetrics(
+                arrival_rate=rate,
+                backlog=backlog_at_end(self._last, rate),
+                partitions=max(1, len(self._last.log_end)),
+                splittable=self.splittable,
+            )
+        report = build_metric_report(
+            job_id=self.job_id,
+            end=end,
+            interval_s=end - self._interval_start,
+            parallelism=parallelism,
+            records_in=self._records_in,
+            records_out=records_out,
+            busy_time_s=stages.run_time_s,
+            cpu_time_s=stages.cpu_time_s if stages.available else None,
+            source=source,
+        )
+        self._interval_start = end
+        self._records_in = 0
+        self._sink_rows = 0
+        self._samples = 0
+        if self._last.log_end:
+            self._baseline = self._last
+        return report
+
+
+def build_metric_report(
+    *,
+    job_id: str,
+    end: float,
+    interval_s: float,
+    parallelism: int,
+    records_in: int,
+    records_out: int,
+    busy_time_s: float,
+    cpu_time_s: float | None = None,
+    source: SourceMetrics | None = None,
+    worker_id: str = "driver",
+) -> MetricReport:
+    """A MetricReport from plain numbers; CPU utilisation is CPU time over the slots' time."""
+    interval_s = min(max(interval_s, 1e-3), 3600.0)
+    cpu = None
+    if cpu_time_s is not None:
+        cpu = min(1.0, max(0.0, cpu_time_s / (interval_s * parallelism)))
+    return MetricReport(
+        job_id=job_id,
+        timestamp=end,
+        interval_s=interval_s,
+        worker_id=worker_id,
+        parallelism=parallelism,
+        records_in=max(0, records_in),
+        records_out=max(0, records_out),
+        busy_time_s=max(0.0, busy_time_s),
+        cpu_utilization=cpu,
+        source=source,
+    )
