@@ -1,0 +1,113 @@
+"""Shared fixtures: real services on free ports, started and stopped by the test session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agent.processes import Service, free_port, start_broker, start_redis, stop_pid, wait_for_port
+from agent.settings import Settings, Topics
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    service = start_broker(log_path=tmp_path_factory.mktemp("broker") / "broker.log")
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    service = start_redis(log_path=tmp_path_factory.mktemp("redis") / "redis.log")
+    yield service
+    service.stop()
+
+
+def unique_topics() -> Topics:
+    """Topics of one test, so tests sharing a broker never see each other's records."""
+    run = uuid.uuid4().hex[:6]
+    return Topics(**{name: f"t{run}.{topic}" for name, topic in Topics().model_dump().items()})
+
+
+@pytest.fixture
+def settings(broker: Service, redis_service: Service) -> Settings:
+    return Settings(
+        kafka_bootstrap=f"127.0.0.1:{broker.port}",
+        redis_url=f"redis://127.0.0.1:{redis_service.port}/0",
+        topics=unique_topics(),
+        topic_partitions=4,
+        app_id=f"autoscaler-{uuid.uuid4().hex[:6]}",
+        web_port=free_port(),
+        loop_interval_s=10.0,
+    )
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    env = {
+        "AUTOSCALER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "AUTOSCALER_REDIS_URL": settings.redis_url,
+        "AUTOSCALER_TOPIC_PARTITIONS": str(settings.topic_partitions),
+        "AUTOSCALER_APP_ID": settings.app_id,
+        "AUTOSCALER_WEB_PORT": str(settings.web_port),
+        "AUTOSCALER_LOOP_INTERVAL_S": str(settings.loop_interval_s),
+        "AUTOSCALER_LOG_LEVEL": "info",
+    }
+    for name, topic in settings.topics.model_dump().items():
+        env[f"AUTOSCALER_TOPICS__{name.upper()}"] = topic
+    return env
+
+
+@dataclass
+class AgentWorker:
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    web_port: int
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        stop_pid(self.process.pid, timeout=15, process=self.process)
+
+
+def start_agents(settings: Settings, log_path: Path, stages: list[str] | None = None, **env: str) -> AgentWorker:
+    argv = [sys.executable, "-m", "agent", "agents"]
+    for stage in stages or []:
+        argv += ["--stage", stage]
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **settings_env(settings), **env},
+        )
+    worker = AgentWorker(process, log_path, int(env.get("AUTOSCALER_WEB_PORT", settings.web_port)))
+    try:
+        wait_for_port("127.0.0.1", worker.web_port, timeout=60)
+    except TimeoutError:
+        worker.stop()
+        raise AssertionError(f"agents did not start:\n{worker.log()[-3000:]}") from None
+    return worker
+
+
+@pytest.fixture
+def agents(settings: Settings, tmp_path: Path) -> Iterator[AgentWorker]:
+    worker = start_agents(settings, tmp_path / "agents.log")
+    yield worker
+    worker.stop()
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1, message: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {message}")

@@ -1,0 +1,132 @@
+"""End to end: real broker, Redis, agents and Spark demo job, autoscaled out and back in.
+
+The demo job costs 4 ms of waiting per record, so one task slot carries at most 250 records/s (about 230 measured).
+560 records/s need ceil(560 / (230 x 0.7)) = 4 slots at the 70% target utilization; 100
+records/s need one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.contracts import Analysis, EventType, ScalingDecision, ScalingEvent
+from agent.processes import stop_pid
+from agent.settings import Settings
+from tests.conftest import settings_env, start_agents
+from tests.integration.kafka_helpers import Collector
+from tests.integration.spark_helpers import TopicReader
+from tests.integration.test_agents import register
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+HIGH_RATE, HIGH_SECONDS = 560, 200
+LOW_RATE, LOW_SECONDS = 100, 120
+EXPECTED_SLOTS = 4
+
+
+def spawn(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "agent", *argv], stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, env={**os.environ, **env})
+
+
+def test_demo_job_scales_out_to_ds2_parallelism_keeps_up_scales_in_and_loses_nothing(
+    settings: Settings, tmp_path: Path
+) -> None:
+    settings = settings.model_copy(update={"loop_interval_s": 5.0})
+    env = settings_env(settings)
+    run = settings.topics.metrics.split(".")[0]
+    input_topic, output_topic = f"{run}.demo.input", f"{run}.demo.output"
+    agents = start_agents(settings, tmp_path / "agents.log")
+    register(settings, "demo", max_parallelism="8", target_utilization="0.7")
+    collectors = {name: Collector(settings, getattr(settings.topics, name))
+                  for name in ("analyses", "decisions", "scaling_events")}
+    runner = spawn(["job", "run", "--job-id", "demo", "--checkpoint-dir", str(tmp_path / "job"),
+                    "--parallelism", "1", "--max-parallelism", "8", "--option", "cost_ms=4",
+                    "--option", f"input_topic={input_topic}", "--option", f"output_topic={output_topic}"],
+                   tmp_path / "runner.log", env)
+    load = spawn(["load", "run", "--shape", f"steps:{HIGH_RATE}:{HIGH_SECONDS},{LOW_RATE}:{LOW_SECONDS}",
+                  "--topic", input_topic, "--partitions", "4", "--bootstrap", settings.kafka_bootstrap],
+                 tmp_path / "load.log", env)
+    load_started = time.time()
+    try:
+        deadline = time.monotonic() + HIGH_SECONDS + LOW_SECONDS + 60
+        while load.poll() is None and time.monotonic() < deadline:
+            for c in collectors.values():
+                c.poll(0.3)
+        assert load.poll() == 0, (tmp_path / "load.log").read_text()
+        summary = json.loads((tmp_path / "load.log").read_text().strip().splitlines()[-1])
+        produced = summary["produced"]
+        assert produced >= 0.99 * (HIGH_RATE * HIGH_SECONDS + LOW_RATE * LOW_SECONDS), summary
+        # Every input record appears exactly once in the output, across all the restarts.
+        reader = TopicReader(settings.kafka_bootstrap, output_topic)
+        ids: list[int] = []
+
+        def all_ids(values: list[dict]) -> bool:  # type: ignore[type-arg]
+            ids[:] = [i for v in values for i in v["ids"]]
+            return len(ids) >= produced
+
+        reader.until(all_ids, json.loads, timeout=180)
+        reader.poll(3)  # a duplicate would arrive late: give it the chance
+        ids = [i for v in map(json.loads, reader.values) for i in v["ids"]]
+        reader.close()
+        assert len(ids) == len(set(ids)) == produced, (len(ids), len(set(ids)), produced)
+        assert set(ids) == set(range(produced))
+        for c in collectors.values():
+            c.poll(1)
+    finally:
+        for process in (load, runner):
+            stop_pid(process.pid, timeout=60, process=process)
+        agents.stop()
+        for c in collectors.values():
+            c.close()
+
+    events = [ScalingEvent.model_validate_json(v) for _, v, _ in collectors["scaling_events"].records]
+    analyses = [Analysis.model_validate_json(v) for _, v, _ in collectors["analyses"].records]
+    analyses = [a for a in analyses if a.job_id == "demo"]
+    decisions = [ScalingDecision.model_validate_json(v) for _, v, _ in collectors["decisions"].records]
+    timeline = "\n".join(
+        [f"{e.timestamp - load_started:6.1f} {e.type.value} {e.from_parallelism}->{e.to_parallelism} "
+         f"{e.downtime_s or ''} {e.error or ''}" for e in events]
+        + [f"{a.window_end - load_started:6.1f} p={a.parallelism} valid={a.valid} arrival={a.arrival_rate:.0f} "
+           f"backlog={a.backlog} tpr={a.true_processing_rate:.0f}" for a in analyses]
+        + [f"{d.timestamp - load_started:6.1f} {d.action.value} {d.from_parallelism}->{d.to_parallelism} "
+           f"{d.reason.code}" for d in decisions if d.action.value != "none"]
+    )
+    print(timeline)
+    completed = [e for e in events if e.type is EventType.COMPLETED]
+    assert not [e for e in events if e.type is EventType.FAILED], timeline
+    high_end = load_started + HIGH_SECONDS
+    ups = [e for e in completed if e.to_parallelism > e.from_parallelism and e.timestamp < high_end]
+    first_down_after_drop = next(
+        (e for e in completed if e.to_parallelism < e.from_parallelism and e.timestamp >= high_end), None)
+
+    # Within two scaling actions it runs at the DS2 parallelism ...
+    actions_under_high_load = [e for e in completed if e.timestamp < high_end]
+    assert 1 <= len(actions_under_high_load) <= 2, timeline
+    settled_at = actions_under_high_load[-1].timestamp
+    final = actions_under_high_load[-1].to_parallelism
+    assert final == EXPECTED_SLOTS, timeline
+    assert ups, timeline
+    # ... and keeps up: once settled, the backlog stops growing for the rest of the high phase.
+    settled = [a for a in analyses
+               if settled_at + 10 < a.window_end <= high_end and a.parallelism == final and a.valid]
+    assert len(settled) >= 4, timeline
+    backlogs = [a.backlog or 0 for a in settled]
+    assert backlogs[-1] <= max(backlogs[0], HIGH_RATE * 5), timeline
+    # The offered load is sustained: a single window can split a producer burst with its neighbour
+    # (701 then 442 records/s was seen), so judge the mean and bound each window loosely.
+    arrivals = [a.arrival_rate or 0.0 for a in settled]
+    assert sum(arrivals) / len(arrivals) > 0.9 * HIGH_RATE, timeline
+    assert min(arrivals) > 0.5 * HIGH_RATE, timeline
+    # The load drops, and it is scaled in.
+    assert first_down_after_drop is not None, timeline
+    assert first_down_after_drop.to_parallelism < final, timeline
+    assert all(e.downtime_s is not None and e.downtime_s > 0 for e in completed), timeline

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import pytest
+
+from agent.contracts import RescaleCommand, RunnerReport, RunnerStatus
+from execute.runner import (
+    APPLIED_KEPT,
+    RunnerFatal,
+    RunnerState,
+    StartError,
+    Verdict,
+    first_batch_done,
+    query_name,
+    rescale_with_rollback,
+)
+
+
+def command(decision: str = "d1", token: int = 5, to: int = 3, job: str = "orders", issued: float = 1000.0):
+    return RescaleCommand(decision_id=decision, job_id=job, to_parallelism=to, fencing_token=token, issued_at=issued)
+
+
+def classify(state: RunnerState, cmd: RescaleCommand, running: int = 1, now: float = 1001.0, **kw) -> Verdict:
+    return state.classify(cmd, "orders", running, now, max_age_s=60.0, **kw)
+
+
+def report(decision: str, status: RunnerStatus = RunnerStatus.COMPLETED) -> RunnerReport:
+    return RunnerReport(
+        decision_id=decision, job_id="orders", status=status, from_parallelism=1, to_parallelism=3,
+        running_parallelism=3, fencing_token=5, downtime_s=4.0,
+    )
+
+
+def test_classify_commands() -> None:
+    state = RunnerState(max_fencing_token=5)
+    assert classify(state, command()) == Verdict.APPLY
+    assert classify(state, command(job="other")) == Verdict.OTHER_JOB
+    assert classify(state, command(token=4)) == Verdict.STALE_TOKEN
+    assert classify(state, command(token=6)) == Verdict.APPLY
+    assert classify(state, command(issued=900.0)) == Verdict.EXPIRED
+    assert classify(state, command(to=1)) == Verdict.NOOP
+    assert classify(state, command(to=9), max_parallelism=8) == Verdict.OUT_OF_BOUNDS
+    state.record(report("d1"))
+    assert classify(state, command()) == Verdict.DUPLICATE
+
+
+def test_tokens_only_grow() -> None:
+    state = RunnerState()
+    state.accept_token(7)
+    state.accept_token(3)
+    assert state.max_fencing_token == 7
+
+
+def test_state_round_trip_and_bound(tmp_path) -> None:
+    state = RunnerState(parallelism=3, max_fencing_token=9)
+    for i in range(APPLIED_KEPT + 10):
+        state.record(report(f"d{i}"))
+    assert len(state.applied) == APPLIED_KEPT
+    assert "d0" not in state.applied and f"d{APPLIED_KEPT + 9}" in state.applied
+    path = tmp_path / "state.json"
+    state.save(path)
+    loaded = RunnerState.load(path)
+    assert (loaded.parallelism, loaded.max_fencing_token) == (3, 9)
+    assert RunnerReport.model_validate(loaded.applied["d12"]).downtime_s == 4.0
+    assert RunnerState.load(tmp_path / "missing.json").parallelism is None
+    (tmp_path / "bad.json").write_text("{not json")
+    assert RunnerState.load(tmp_path / "bad.json").applied == {}
+
+
+def test_rescale_succeeds_after_a_retry() -> None:
+    calls: list[int] = []
+
+    def start(n: int) -> None:
+        calls.append(n)
+        if len(calls) == 1:
+            raise StartError("flaky")
+
+    outcome = rescale_with_rollback(start, target=4, last_good=2, retries=2)
+    assert outcome.ok and outcome.parallelism == 4 and outcome.attempts == 2
+    assert calls == [4, 4]
+
+
+def test_rescale_rolls_back_when_the_target_never_starts() -> None:
+    calls: list[int] = []
+
+    def start(n: int) -> None:
+        calls.append(n)
+        if n > 2:
+            raise StartError(f"no room for {n}")
+
+    outcome = rescale_with_rollback(start, target=5, last_good=2, retries=1)
+    assert not outcome.ok
+    assert (outcome.parallelism, outcome.rolled_back_to, outcome.attempts) == (2, 2, 3)
+    assert calls == [5, 5, 2]
+    assert "no room for 5" in outcome.errors[0]
+
+
+def test_rescale_fatal_when_nothing_starts() -> None:
+    def start(n: int) -> None:
+        raise StartError("down")
+
+    with pytest.raises(RunnerFatal):
+        rescale_with_rollback(start, target=5, last_good=2, retries=0)
+
+
+def progress(rows: int, end: dict, latest: dict) -> dict:
+    return {
+        "timestamp": "2024-05-01T12:00:00.000Z",
+        "numInputRows": rows,
+        "durationMs": {"triggerExecution": 10},
+        "sources": [{"endOffset": end, "latestOffset": latest}],
+        "sink": {"numOutputRows": -1},
+    }
+
+
+def test_first_batch_done() -> None:
+    assert not first_batch_done(None)
+    assert first_batch_done(progress(10, {"0": 10}, {"0": 50}))
+    assert first_batch_done(progress(0, {"0": 50}, {"0": 50}))  # nothing to read
+    assert not first_batch_done(progress(0, {"0": 10}, {"0": 50}))  # backlog, nothing read yet
+
+
+def test_query_name_is_an_identifier() -> None:
+    assert query_name("orders.v2:eu-1") == "job_orders_v2_eu_1"
