@@ -5,9 +5,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent.settings import Settings
+from knowledge.periods import PeriodError, parse_periods
 
 
 class Mode(StrEnum):
@@ -44,6 +45,51 @@ class JobConfig(BaseModel):
     per_operator: bool = Field(
         False, description="Operators scale independently (Flink-like); otherwise one job-level parallelism."
     )
+    restart_time_s: float = Field(
+        60.0, ge=0, description="Restart time assumed until execute has measured one; its arrivals are "
+        "added to the backlog to catch up."
+    )
+    restart_time_cap_s: float = Field(600.0, gt=0, description="Upper bound on the learned restart time.")
+    min_samples: int = Field(
+        2, ge=1, le=100, description="Valid windows needed at a parallelism (after stabilization) before deciding."
+    )
+    metrics_window_s: float = Field(
+        60.0, ge=0, description="Decisions use the rates averaged over the valid windows of this much metric "
+        "time at the current parallelism (the backlog is the latest); 0 uses the latest window alone."
+    )
+    scale_down_delay_s: float = Field(
+        300.0, ge=0, description="A scale-down waits this long (metric time), then goes to the largest "
+        "parallelism recommended meanwhile; a scale-up or a window at or above the current cancels it."
+    )
+    max_scale_up_factor: float = Field(
+        100.0, gt=0, description="One step grows parallelism p to at most ceil(p x (1 + factor))."
+    )
+    max_scale_down_factor: float = Field(
+        1.0, gt=0, le=1, description="One step shrinks parallelism p to no less than floor(p x (1 - factor))."
+    )
+    align_to_partitions: bool = Field(
+        True, description="Round to a parallelism that spreads the source's (and shuffle) partitions evenly."
+    )
+    ineffective_scale_up_threshold: float = Field(
+        0.1, ge=0, le=1, description="A scale-up that gains less than this fraction of the capacity it "
+        "should have blocks further scale-ups; 0 turns detection off."
+    )
+    ineffective_block_s: float = Field(
+        1800.0, ge=0, description="How long (metric time) scale-ups stay blocked after an ineffective one."
+    )
+    excluded_periods: str = Field(
+        "", description="UTC ranges without rescaling, `;`-separated: `22:00-06:00`, `Sat,Sun 00:00-24:00`, "
+        "`2026-12-24T00:00/2026-12-27T00:00`."
+    )
+
+    @field_validator("excluded_periods")
+    @classmethod
+    def _periods_parse(cls, value: str) -> str:
+        try:
+            parse_periods(value)
+        except PeriodError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> JobConfig:

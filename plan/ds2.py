@@ -24,9 +24,10 @@ def slots_for(rate: float, per_instance_rate: float, target_utilization: float) 
     return max(1, math.ceil(rate / (per_instance_rate * target_utilization) - EPSILON))
 
 
-def target_rate(arrival_rate: float, backlog: int, catch_up_duration_s: float) -> float:
-    """Keep up with arrivals and drain the current backlog within the catch-up duration."""
-    return arrival_rate + backlog / catch_up_duration_s
+def target_rate(arrival_rate: float, backlog: int, catch_up_duration_s: float, restart_time_s: float = 0.0) -> float:
+    """Keep up with arrivals and drain, within the catch-up duration, the current backlog plus what
+    arrives while the job restarts (zero when it stays as it is)."""
+    return arrival_rate + (backlog + arrival_rate * restart_time_s) / catch_up_duration_s
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,14 @@ class Plan:
     to_parallelism: int
     reason: DecisionReason
     operator_targets: dict[str, int] = field(default_factory=dict)
+    # What the policy recommended before a control held or changed it.
+    recommended: int | None = None
+    # Things a user should hear about beyond this decision (an ineffective scale-up, the quota).
+    notices: list[DecisionReason] = field(default_factory=list)
 
 
-def hold(parallelism: int, code: str, message: str, **numbers: float | int | None) -> Plan:
-    return Plan(Action.NONE, parallelism, DecisionReason(code=code, message=message, numbers=numbers))
+def hold(parallelism: int, code: str, message: str, rule: str = "ds2", **numbers: float | int | None) -> Plan:
+    return Plan(Action.NONE, parallelism, DecisionReason(code=code, rule=rule, message=message, numbers=numbers))
 
 
 def direction(current: int, target: int) -> Action:
@@ -103,21 +108,22 @@ def bound(parallelism: int, config: JobConfig, analysis: Analysis) -> tuple[int,
     return bounded, notes
 
 
-def plan_ds2(analysis: Analysis, config: JobConfig) -> Plan:
+def plan_ds2(analysis: Analysis, config: JobConfig, restart_time_s: float = 0.0) -> Plan:
     current = analysis.parallelism
     if not analysis.valid:
-        return hold(current, "invalid_window", analysis.invalid_reason or "window not usable")
+        return hold(current, "invalid_window", analysis.invalid_reason or "window not usable", rule="valid_window")
     if config.per_operator and analysis.operators:
         return _plan_per_operator(analysis, config)
-    return _plan_job(analysis, config)
+    return _plan_job(analysis, config, restart_time_s)
 
 
-def _target(analysis: Analysis, config: JobConfig) -> tuple[float, str]:
+def _target(analysis: Analysis, config: JobConfig, restart_time_s: float = 0.0) -> tuple[float, str]:
     if analysis.arrival_rate is None:
         return analysis.observed_processing_rate, "observed processing rate (the job reports no source)"
+    restart = f" and the {restart_time_s:.0f} s restart's arrivals" if restart_time_s else ""
     return (
-        target_rate(analysis.arrival_rate, analysis.backlog or 0, config.catch_up_duration_s),
-        f"arrival rate plus the backlog drained in {config.catch_up_duration_s:.0f} s",
+        target_rate(analysis.arrival_rate, analysis.backlog or 0, config.catch_up_duration_s, restart_time_s),
+        f"arrival rate plus the backlog{restart} drained in {config.catch_up_duration_s:.0f} s",
     )
 
 
@@ -127,17 +133,23 @@ def _within_band(implied_utilization: float, config: JobConfig) -> bool:
     return low <= implied_utilization <= high
 
 
-def _plan_job(analysis: Analysis, config: JobConfig) -> Plan:
+def _plan_job(analysis: Analysis, config: JobConfig, restart_time_s: float) -> Plan:
     current = analysis.parallelism
     per_slot = analysis.true_processing_rate
-    rate, rate_basis = _target(analysis, config)
+    # Staying put costs no restart: the band and "already optimal" are judged without one; a
+    # rescale is sized to also drain what arrives while the job restarts.
+    steady_rate, _ = _target(analysis, config)
+    rate, rate_basis = _target(analysis, config, restart_time_s)
+    steady, _ = bound(slots_for(steady_rate, per_slot, config.target_utilization), config, analysis)
     unbounded = slots_for(rate, per_slot, config.target_utilization)
     to, notes = bound(unbounded, config, analysis)
-    implied = rate / (current * per_slot)
+    implied = steady_rate / (current * per_slot)
     numbers: dict[str, float | int | None] = {
         "true_processing_rate_per_slot": round(per_slot, 3),
         "true_output_rate_per_slot": round(analysis.true_output_rate, 3),
         "target_rate": round(rate, 3),
+        "steady_target_rate": round(steady_rate, 3),
+        "restart_time_s": round(restart_time_s, 3),
         "arrival_rate": analysis.arrival_rate,
         "backlog": analysis.backlog,
         "capacity_now": round(current * per_slot, 3),
@@ -146,14 +158,19 @@ def _plan_job(analysis: Analysis, config: JobConfig) -> Plan:
         "implied_utilization": round(implied, 4),
         "optimal_unbounded": unbounded,
     }
-    if to != current and _within_band(implied, config):
-        return hold(
-            current,
-            "within_utilization_band",
-            f"{current} slots would run at {implied:.0%} utilization, inside "
+    if steady == current or steady < current <= to:
+        # Optimal as it is, or a scale-down whose restart would cost more capacity than it frees.
+        return Plan(Action.NONE, current, DecisionReason(
+            code="at_optimal", rule="ds2", numbers=numbers,
+            message=f"{current} slots carry {steady_rate:.1f} rec/s at {implied:.0%} utilization"
+            + ("" if steady == current else f"; rescaling to {steady} would not pay for its restart"),
+        ))
+    if _within_band(implied, config):
+        return Plan(Action.NONE, current, DecisionReason(
+            code="within_utilization_band", rule="utilization_band", numbers=numbers,
+            message=f"{current} slots would run at {implied:.0%} utilization, inside "
             f"{config.target_utilization:.0%} +- {config.utilization_band:.0%}",
-            **numbers,
-        )
+        ), recommended=to)
     action = direction(current, to)
     message = (
         f"target rate {rate:.1f} rec/s ({rate_basis}) / ({per_slot:.1f} rec/s per slot x "
@@ -161,8 +178,8 @@ def _plan_job(analysis: Analysis, config: JobConfig) -> Plan:
     )
     if notes:
         message += "; " + "; ".join(notes)
-    code = "ds2_optimal" if action is not Action.NONE else "at_optimal"
-    return Plan(action, to, DecisionReason(code=code, message=message, numbers=numbers))
+    return Plan(action, to, DecisionReason(code="ds2_optimal", rule="ds2", message=message, numbers=numbers),
+                recommended=to)
 
 
 def _plan_per_operator(analysis: Analysis, config: JobConfig) -> Plan:
@@ -181,14 +198,15 @@ def _plan_per_operator(analysis: Analysis, config: JobConfig) -> Plan:
     if bounded == current:
         return Plan(
             Action.NONE, analysis.parallelism,
-            DecisionReason(code="at_optimal", message="every operator runs at its DS2 parallelism", numbers=numbers),
+            DecisionReason(code="at_optimal", rule="ds2", message="every operator runs at its DS2 parallelism",
+                           numbers=numbers),
             operator_targets=bounded,
         )
     if all(_within_band(u, config) for u in implied.values()):
         return Plan(
             Action.NONE, analysis.parallelism,
             DecisionReason(
-                code="within_utilization_band",
+                code="within_utilization_band", rule="utilization_band",
                 message="every operator's implied utilization is inside the target band",
                 numbers=numbers,
             ),
@@ -199,6 +217,6 @@ def _plan_per_operator(analysis: Analysis, config: JobConfig) -> Plan:
     changes = ", ".join(f"{k} {current[k]}->{bounded[k]}" for k in bounded if bounded[k] != current[k])
     return Plan(
         action, to,
-        DecisionReason(code="ds2_optimal", message=f"DS2 per-operator targets: {changes}", numbers=numbers),
+        DecisionReason(code="ds2_optimal", rule="ds2", message=f"DS2 per-operator targets: {changes}", numbers=numbers),
         operator_targets=bounded,
     )

@@ -9,7 +9,10 @@ from knowledge.jobs import JobConfig
 from plan.agent import guarded_plan
 from tests.unit.test_ds2 import analysis
 
-CONFIG = JobConfig(target_utilization=0.7, utilization_band=0.0)
+CONFIG = JobConfig(
+    target_utilization=0.7, utilization_band=0.0, restart_time_s=0, scale_down_delay_s=0, min_samples=1,
+    metrics_window_s=0,
+)
 
 
 def run(state: dict[str, Any], rescaling: bool = False, config: JobConfig = CONFIG, **overrides: Any):  # type: ignore[no-untyped-def]
@@ -25,7 +28,7 @@ def test_first_window_at_a_new_parallelism_is_ignored_including_the_job_start() 
     # A new parallelism starts the count again.
     plan, state = run(state, parallelism=5)
     assert plan.reason.code == "stabilizing"
-    no_wait = JobConfig(target_utilization=0.7, utilization_band=0.0, stabilization_windows=0)
+    no_wait = JobConfig.model_validate(CONFIG.model_dump() | {"stabilization_windows": 0})
     assert run({}, config=no_wait)[0].reason.code == "ds2_optimal"
 
 
@@ -59,6 +62,6 @@ def test_no_scale_down_while_the_backlog_drains() -> None:
 
 
 def test_mode_off_and_rescale_in_progress_hold() -> None:
-    off = JobConfig(target_utilization=0.7, utilization_band=0.0, mode="off")
+    off = JobConfig.model_validate(CONFIG.model_dump() | {"mode": "off"})
     assert run({}, config=off)[0].reason.code == "mode_off"
     assert run({}, rescaling=True)[0].reason.code == "rescale_in_progress"
