@@ -81,6 +81,10 @@ class MetricReport(Contract):
     )
     cpu_utilization: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
     source: SourceMetrics | None = None
+    shuffle_partitions: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+        None, description="Partitions of the job's shuffles (Spark: spark.sql.shuffle.partitions), so the "
+        "parallelism can be aligned to spread them evenly."
+    )
     operators: list[OperatorMetrics] = Field(default_factory=list, max_length=256)
 
     @model_validator(mode="after")
@@ -134,6 +138,7 @@ class MetricWindow(Contract):
     busy_time_s: NonNegativeFloat
     cpu_utilization: float | None = None
     source: SourceWindow | None = None
+    shuffle_partitions: int | None = None
     operators: list[OperatorWindow] = Field(default_factory=list)
     closed_at: float = Field(default_factory=time.time, description="Wall time the window was closed.")
 
@@ -170,6 +175,7 @@ class Analysis(Contract):
     backlog_growth_rate: float | None = None
     partitions: int | None = None
     splittable: bool = True
+    shuffle_partitions: int | None = None
     operators: list[OperatorAnalysis] = Field(default_factory=list)
     closed_at: float = Field(description="Wall time the window was closed (for end-to-end latency).")
 
@@ -185,6 +191,7 @@ class Action(StrEnum):
 
 class DecisionReason(Contract):
     code: str = Field(description="Machine-readable reason code, e.g. `ds2_optimal`, `rescale_in_progress`.")
+    rule: str = Field("", description="The policy or control that decided, e.g. `ds2`, `delayed_scale_down`.")
     message: str
     numbers: dict[str, float | int | None] = Field(default_factory=dict)
 
@@ -206,6 +213,13 @@ class ScalingDecision(Contract):
     policy: str
     target_utilization: float
     reason: DecisionReason
+    recommended_parallelism: Parallelism | None = Field(
+        None, description="What the policy recommended before a control held or changed it."
+    )
+    notices: list[DecisionReason] = Field(
+        default_factory=list, description="Findings execute publishes as `notice` events (e.g. `quota_bound`, "
+        "`ineffective_scale_up`)."
+    )
     mode: str = Field("auto", description="`auto`: executed; `recommend`: published only.")
     closed_at: float = Field(description="Wall time the window behind this decision was closed.")
 
@@ -255,6 +269,7 @@ class EventType(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     SKIPPED = "skipped"
+    NOTICE = "notice"
 
 
 class ScalingEvent(Contract):
@@ -272,6 +287,7 @@ class ScalingEvent(Contract):
     error: str | None = None
     rolled_back_to: Parallelism | None = None
     detail: str | None = None
+    code: str | None = Field(None, description="For `notice` events: what was found, e.g. `quota_bound`.")
 
 
 # ---------------------------------------------------------------- dead letters

@@ -58,6 +58,7 @@ def analyze_window(window: MetricWindow, fallback: dict[str, Any] | None = None)
         "backlog_growth_rate": source.backlog_growth_rate if source else None,
         "partitions": source.partitions if source else None,
         "splittable": source.splittable if source else True,
+        "shuffle_partitions": window.shuffle_partitions,
         "closed_at": window.closed_at,
     }
     if reason is None:

@@ -85,6 +85,8 @@ def _fold(state: WindowState, report: MetricReport) -> None:
     worker["first_begin"] = min(worker["first_begin"], report.timestamp - report.interval_s)
     worker["last_end"] = max(worker["last_end"], report.timestamp)
     worker["parallelism_last"] = report.parallelism
+    if report.shuffle_partitions is not None:
+        worker["shuffle_partitions"] = report.shuffle_partitions
     worker["parallelism_changed"] = worker.get("parallelism_changed", False) or (
         report.parallelism != worker["parallelism_first"]
     )
@@ -136,6 +138,7 @@ def close_window(state: WindowState, job_id: str, interval_s: float) -> MetricWi
         busy_time_s=sum(w["busy"] for w in workers),
         cpu_utilization=cpu,
         source=_source_window(workers),
+        shuffle_partitions=last_worker.get("shuffle_partitions"),
         operators=_operator_windows(workers, observed),
     )
 
