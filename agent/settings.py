@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     max_parallelism: int = Field(32, ge=1)
     catch_up_duration_s: float = Field(300.0, gt=0, description="Time allowed to drain a backlog.")
     rescale_timeout_s: float = Field(180.0, gt=0, description="Execution lock expiry for one rescale.")
+    slot_quota: int | None = Field(
+        None, ge=1, description="Most task slots all autoscaled jobs may hold together; scale-ups are trimmed to it."
+    )
 
     # Knowledge bounds: per-job lists are trimmed to these lengths.
     history_length: int = Field(720, ge=10)

@@ -47,6 +47,13 @@ def register(runtime: Runtime) -> None:
 
     async def apply(value: bytes) -> None:
         decision = ScalingDecision.model_validate_json(value)
+        for notice in decision.notices:
+            # Findings of plan (an ineffective scale-up, the quota binding) reach subscribers as events.
+            await emit(ScalingEvent(
+                decision_id=decision.decision_id, job_id=decision.job_id, type=EventType.NOTICE, code=notice.code,
+                from_parallelism=decision.from_parallelism, to_parallelism=decision.to_parallelism,
+                detail=notice.message,
+            ))
         if decision.action is Action.NONE or decision.mode != "auto":
             return
         job = decision.job_id

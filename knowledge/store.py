@@ -24,6 +24,21 @@ if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) 
 """
 
 
+# Grant a job up to `wanted` slots within the quota left by the other jobs' allocations, never less
+# than it already runs with; atomic, so concurrent plans cannot overbook the quota together.
+_RESERVE_SLOTS = """
+local others = 0
+local all = redis.call('hgetall', KEYS[1])
+for i = 1, #all, 2 do
+  if all[i] ~= ARGV[1] then others = others + tonumber(all[i + 1]) end
+end
+local granted = math.min(tonumber(ARGV[3]), tonumber(ARGV[4]) - others)
+if granted < tonumber(ARGV[2]) then granted = tonumber(ARGV[2]) end
+if ARGV[5] == '1' then redis.call('hset', KEYS[1], ARGV[1], granted) end
+return granted
+"""
+
+
 class Knowledge:
     def __init__(self, settings: Settings, client: aioredis.Redis | None = None, prefix: str = "autoscaler"):
         self.settings = settings
@@ -32,6 +47,7 @@ class Knowledge:
             settings.redis_url, decode_responses=True, health_check_interval=10
         )
         self._release_lock = self.redis.register_script(_RELEASE_LOCK)
+        self._reserve_slots = self.redis.register_script(_RESERVE_SLOTS)
 
     # ---------------------------------------------------------------- keys
 
@@ -41,6 +57,10 @@ class Knowledge:
     @property
     def _jobs_key(self) -> str:
         return f"{self.prefix}:jobs"
+
+    @property
+    def _allocations_key(self) -> str:
+        return f"{self.prefix}:slot-allocations"
 
     @property
     def _counters_key(self) -> str:
@@ -80,10 +100,22 @@ class Knowledge:
             raise KeyError(f"unknown job {job_id!r}; register it first")
         return await self.register_job(job_id, changes)
 
+    async def unset_config(self, job_id: str, keys: list[str]) -> JobConfig:
+        """Return the keys to their defaults from settings."""
+        if not await self.job_exists(job_id):
+            raise KeyError(f"unknown job {job_id!r}; register it first")
+        if keys:
+            await self.redis.hdel(self._key(job_id, "config"), *keys)
+        return await self.job_config(job_id)
+
+    async def config_overrides(self, job_id: str) -> dict[str, str]:
+        return dict(await self.redis.hgetall(self._key(job_id, "config")))
+
     async def unregister_job(self, job_id: str) -> None:
         keys = [key async for key in self.redis.scan_iter(match=self._key(job_id, "*"), count=500)]
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.srem(self._jobs_key, job_id)
+            pipe.hdel(self._allocations_key, job_id)
             if keys:
                 pipe.delete(*keys)
             await pipe.execute()
@@ -234,6 +266,28 @@ class Knowledge:
 
     async def downtimes(self, job_id: str, direction: str) -> list[float]:
         return [float(v) for v in await self.redis.lrange(self._key(job_id, f"downtimes:{direction}"), 0, -1)]
+
+    async def recent_downtimes(self, job_id: str, limit: int = 10) -> list[float]:
+        """The latest measured restarts, either direction."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for direction in ("up", "down"):
+                pipe.lrange(self._key(job_id, f"downtimes:{direction}"), 0, limit - 1)
+            up, down = await pipe.execute()
+        return [float(v) for v in [*up, *down]]
+
+    # ---------------------------------------------------------------- slot quota
+
+    async def reserve_slots(self, job_id: str, current: int, wanted: int, quota: int, commit: bool) -> int:
+        """Slots granted to the job (see _RESERVE_SLOTS); `commit` records the grant as its allocation."""
+        return int(await self._reserve_slots(
+            keys=[self._allocations_key], args=[job_id, current, wanted, quota, "1" if commit else "0"]
+        ))
+
+    async def set_allocation(self, job_id: str, slots: int) -> None:
+        await self.redis.hset(self._allocations_key, job_id, slots)
+
+    async def allocations(self) -> dict[str, int]:
+        return {k: int(v) for k, v in (await self.redis.hgetall(self._allocations_key)).items()}
 
     # ---------------------------------------------------------------- counters
 
