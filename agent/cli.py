@@ -16,9 +16,11 @@ from agent.contracts import CONTRACTS, json_schema_text
 from agent.settings import get_settings
 
 app = typer.Typer(help="A MAPE-K autoscaler for streaming pipelines.", no_args_is_help=True)
-jobs_app = typer.Typer(help="Register jobs and set their configuration.", no_args_is_help=True)
+jobs_app = typer.Typer(help="Register and list jobs.", no_args_is_help=True)
+config_app = typer.Typer(help="Per-job configuration, kept in knowledge.", no_args_is_help=True)
 stack_app = typer.Typer(help="The embedded stack: broker, Redis and agents on this machine.", no_args_is_help=True)
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(config_app, name="config")
 app.add_typer(stack_app, name="stack")
 console = Console()
 # About one task slot, then about four, then one again (rates per second for the default cost).
@@ -131,9 +133,9 @@ def jobs_register(
     console.print(f"registered {job_id}: {config.model_dump(mode='json')}")
 
 
-@jobs_app.command("set")
-def jobs_set(job_id: str, settings: Annotated[list[str], typer.Argument(help="key=value")]) -> None:
-    """Change a registered job's settings; invalid values are refused."""
+@config_app.command("set")
+def config_set(job_id: str, settings: Annotated[list[str], typer.Argument(help="key=value")]) -> None:
+    """Change a registered job's settings; invalid values are refused and nothing is changed."""
     from knowledge.jobs import ConfigError, parse_assignments
 
     try:
@@ -142,6 +144,43 @@ def jobs_set(job_id: str, settings: Annotated[list[str], typer.Argument(help="ke
         console.print(f"[red]{exc.args[0]}[/red]")
         raise typer.Exit(2) from None
     console.print(f"{job_id}: {config.model_dump(mode='json')}")
+
+
+@config_app.command("unset")
+def config_unset(job_id: str, keys: Annotated[list[str], typer.Argument(help="settings to reset")]) -> None:
+    """Return settings to their defaults (from `AUTOSCALER_*`)."""
+    from knowledge.jobs import ConfigError, parse_assignments
+
+    try:
+        parse_assignments([f"{key}=" for key in keys])  # known keys only
+        config = _knowledge_call(lambda k: k.unset_config(job_id, keys))
+    except (ConfigError, KeyError) as exc:
+        console.print(f"[red]{exc.args[0]}[/red]")
+        raise typer.Exit(2) from None
+    console.print(f"{job_id}: {config.model_dump(mode='json')}")
+
+
+@config_app.command("show")
+def config_show(job_id: str) -> None:
+    """The job's effective configuration and where each value comes from."""
+    from knowledge.jobs import JobConfig
+
+    async def collect(k):  # type: ignore[no-untyped-def]
+        if not await k.job_exists(job_id):
+            return None
+        return await k.job_config(job_id), await k.config_overrides(job_id)
+
+    found = _knowledge_call(collect)
+    if found is None:
+        console.print(f"[red]unknown job {job_id!r}[/red]")
+        raise typer.Exit(2)
+    config, overrides = found
+    table = Table("setting", "value", "from", "meaning", title=f"{job_id} configuration")
+    for name, field in JobConfig.model_fields.items():
+        value = getattr(config, name)
+        table.add_row(name, str(getattr(value, "value", value)), "job" if name in overrides else "default",
+                      field.description or "")
+    console.print(table)
 
 
 @jobs_app.command("list")
@@ -162,16 +201,31 @@ def jobs_list() -> None:
 
 
 @app.command()
-def decisions(job_id: str, limit: int = 10) -> None:
-    """The job's most recent decisions, newest first."""
-    table = Table("time", "action", "from", "to", "code", "why")
-    for d in _knowledge_call(lambda k: k.decisions(job_id, limit)):
-        import datetime as dt
+def explain(
+    job_id: str,
+    limit: Annotated[int, typer.Option(help="How many of the latest decisions to read.")] = 30,
+    changes_only: Annotated[bool, typer.Option(help="Only actions and suppressed recommendations.")] = False,
+) -> None:
+    """Why the job runs at its parallelism: recent decisions and suppressions, and the last action."""
+    from agent.explain import decision_table, summary
 
-        when = dt.datetime.fromtimestamp(d["timestamp"]).strftime("%H:%M:%S")
-        table.add_row(when, d["action"], str(d["from_parallelism"]), str(d["to_parallelism"]),
-                      d["reason"]["code"], d["reason"]["message"])
-    console.print(table)
+    async def collect(k):  # type: ignore[no-untyped-def]
+        if not await k.job_exists(job_id):
+            return None
+        return await k.decisions(job_id, limit), await k.events(job_id, 5)
+
+    found = _knowledge_call(collect)
+    if found is None:
+        console.print(f"[red]unknown job {job_id!r}[/red]")
+        raise typer.Exit(2)
+    decisions, events = found
+    console.print(decision_table(decisions, only_changes=changes_only))
+    for line in summary(decisions):
+        console.print(line, markup=False, highlight=False)
+    for event in events:
+        detail = event.get("detail") or event.get("error") or ""
+        console.print(f"event {event['type']}: {event['from_parallelism']} -> {event['to_parallelism']} {detail}",
+                      markup=False, highlight=False)
 
 
 @app.command()
