@@ -10,7 +10,8 @@ REPORTS_ACCEPTED = Counter(
     "autoscaler_reports_accepted_total", "Metric reports folded into a window.", ["job"], registry=REGISTRY
 )
 REPORTS_REJECTED = Counter(
-    "autoscaler_reports_rejected_total", "Metric reports dead-lettered, by reason.", ["reason"], registry=REGISTRY
+    "autoscaler_reports_rejected_total", "Metric reports dead-lettered, by job (registered jobs only) and reason.",
+    ["job", "reason"], registry=REGISTRY,
 )
 WINDOWS_CLOSED = Counter("autoscaler_windows_closed_total", "Windows closed.", ["job"], registry=REGISTRY)
 DECISIONS = Counter(
@@ -28,8 +29,22 @@ UTILIZATION = Gauge("autoscaler_utilization", "Busy fraction of the job's slots.
 BACKLOG = Gauge("autoscaler_backlog_records", "Records waiting at the source.", ["job"], registry=REGISTRY)
 PARALLELISM = Gauge("autoscaler_parallelism", "Current parallelism.", ["job"], registry=REGISTRY)
 RECOMMENDED = Gauge(
-    "autoscaler_recommended_parallelism", "Parallelism of the latest decision.", ["job"], registry=REGISTRY
+    "autoscaler_recommended_parallelism", "Parallelism the policy recommended in the latest window, before "
+    "controls held or changed it.", ["job"], registry=REGISTRY,
 )
+TARGET = Gauge(
+    "autoscaler_target_parallelism", "Parallelism of the latest decision, after the controls.", ["job"],
+    registry=REGISTRY,
+)
+SUPPRESSIONS = Counter(
+    "autoscaler_suppressions_total", "Recommended rescales a control held, by reason code.", ["job", "code"],
+    registry=REGISTRY,
+)
+TRUE_OUTPUT_RATE = Gauge(
+    "autoscaler_true_output_rate", "Job-level true output rate per slot (rec/s).", ["job"], registry=REGISTRY
+)
+ARRIVAL_RATE = Gauge("autoscaler_arrival_rate", "Records per second arriving at the source.", ["job"],
+                     registry=REGISTRY)
 DECISION_LATENCY = Histogram(
     "autoscaler_window_to_decision_seconds", "Wall time from closing a window to publishing its decision.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5), registry=REGISTRY,

@@ -40,6 +40,9 @@ def register(runtime: Runtime) -> None:
         await runtime.publish("analyses", analysis.job_id, analysis.to_bytes())
         if analysis.valid:
             metrics.TRUE_RATE.labels(analysis.job_id).set(analysis.true_processing_rate)
+            metrics.TRUE_OUTPUT_RATE.labels(analysis.job_id).set(analysis.true_output_rate)
+        if analysis.arrival_rate is not None:
+            metrics.ARRIVAL_RATE.labels(analysis.job_id).set(analysis.arrival_rate)
         metrics.UTILIZATION.labels(analysis.job_id).set(analysis.utilization)
         metrics.PARALLELISM.labels(analysis.job_id).set(analysis.parallelism)
         if analysis.backlog is not None:

@@ -103,7 +103,9 @@ def register(runtime: Runtime) -> None:
             metrics.WINDOWS_CLOSED.labels(window.job_id).inc()
         for letter in rejected:
             await runtime.publish("dead_letter", letter.key or "", letter.to_bytes())
-            metrics.REPORTS_REJECTED.labels(letter.reason).inc()
+            # Only registered jobs get their own series: bad input must not grow the label set.
+            job_label = letter.key if letter.key in registry.known else "(unregistered)"
+            metrics.REPORTS_REJECTED.labels(job_label, letter.reason).inc()
             log.warning("dead-lettered a metric report: %s: %s", letter.reason, letter.detail[:200])
         await knowledge.save_windows({job: windows[job] for job in dirty})
         counts = {"reports_accepted": sum(accepted_per_job.values())}

@@ -122,10 +122,10 @@ def test_bad_input_is_dead_lettered_with_a_reason_and_the_agents_keep_running(
     decisions.close()
     assert agents.process.poll() is None
 
-    rejected = {
-        labels.split('reason="')[1].split('"')[0]: value
-        for labels, value in prometheus_samples(agents.web_port, "autoscaler_reports_rejected_total")
-    }
+    rejected: dict[str, float] = {}
+    for labels, value in prometheus_samples(agents.web_port, "autoscaler_reports_rejected_total"):
+        reason = labels.split('reason="')[1].split('"')[0]
+        rejected[reason] = rejected.get(reason, 0) + value
     assert rejected == {"malformed_json": 1, "invalid_report": 2, "unknown_schema_version": 1, "oversize": 1,
                         "unknown_job": 1}
 
