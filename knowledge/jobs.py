@@ -30,7 +30,7 @@ class JobConfig(BaseModel):
     policy: Policy = Policy.DS2
     target_utilization: float = Field(0.7, gt=0, le=1)
     utilization_band: float = Field(
-        0.1, ge=0, lt=1, description="No rescale while the utilization the target rate implies at the "
+        0.15, ge=0, lt=1, description="No rescale while the utilization the target rate implies at the "
         "current parallelism is within target +- band."
     )
     min_parallelism: int = Field(1, ge=1, le=100_000)
@@ -46,7 +46,7 @@ class JobConfig(BaseModel):
         False, description="Operators scale independently (Flink-like); otherwise one job-level parallelism."
     )
     restart_time_s: float = Field(
-        60.0, ge=0, description="Restart time assumed until execute has measured one; its arrivals are "
+        30.0, ge=0, description="Restart time assumed until execute has measured one; its arrivals are "
         "added to the backlog to catch up."
     )
     restart_time_cap_s: float = Field(600.0, gt=0, description="Upper bound on the learned restart time.")
