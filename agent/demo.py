@@ -24,7 +24,10 @@ JOB = "demo"
 async def _register(settings: Settings, max_parallelism: int) -> None:
     knowledge = Knowledge(settings)
     try:
-        await knowledge.register_job(JOB, {"max_parallelism": str(max_parallelism), "mode": "auto"})
+        # The demo compresses time: its low phase is shorter than the default 300 s scale-down delay.
+        await knowledge.register_job(
+            JOB, {"max_parallelism": str(max_parallelism), "mode": "auto", "scale_down_delay_s": "60"}
+        )
     finally:
         await knowledge.close()
 
