@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from plan.controls import expected_restart_time
+
 Direction = Literal["up", "down"]
 ChoiceCode = Literal["recent_rescale_holds", "current_sufficient", "smallest_sufficient", "none_sufficient"]
 
@@ -159,7 +161,7 @@ def expected_downtime(
     if recent < 1:
         raise ValueError(f"recent must be >= 1, got {recent!r}")
     measured = [d for d in downtimes_by_direction.get(direction, ()) if math.isfinite(d) and d >= 0][-recent:]
-    return min(max(measured), cap_s) if measured else min(default, cap_s)
+    return expected_restart_time(measured, default, cap_s)
 
 
 @dataclass(frozen=True)
