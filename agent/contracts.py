@@ -121,6 +121,17 @@ class OperatorWindow(Contract):
     arrival_rate: NonNegativeFloat | None = None
 
 
+class WorkerWindow(Contract):
+    """One worker's load in a window: the sample of its CPU-throughput regression (capacity model)."""
+
+    worker_id: str
+    throughput: NonNegativeFloat = Field(description="Records in per second of observed time.")
+    utilization: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = Field(
+        description="Busy fraction of the worker's slots when busy time is reported, else its CPU utilization."
+    )
+    utilization_source: Literal["busy", "cpu"]
+
+
 class MetricWindow(Contract):
     """All reports of one job in one loop interval of metric time. Topic `autoscaler.windows`."""
 
@@ -140,6 +151,9 @@ class MetricWindow(Contract):
     source: SourceWindow | None = None
     shuffle_partitions: int | None = None
     operators: list[OperatorWindow] = Field(default_factory=list)
+    worker_loads: list[WorkerWindow] = Field(
+        default_factory=list, description="Per worker, when the reports say how busy it was."
+    )
     closed_at: float = Field(default_factory=time.time, description="Wall time the window was closed.")
 
 
@@ -155,6 +169,43 @@ class OperatorAnalysis(Contract):
     observed_processing_rate: NonNegativeFloat = Field(description="Records in per second, all instances.")
     utilization: NonNegativeFloat
     arrival_rate: NonNegativeFloat | None = None
+
+
+class CapacityView(Contract):
+    """What the capacity model knows (Daedalus): records/s the job can process per scale-out."""
+
+    observed: dict[str, NonNegativeFloat] = Field(
+        default_factory=dict, description="Scale-out -> decaying average of the capacity measured there."
+    )
+    current: NonNegativeFloat | None = Field(None, description="Capacity at the current scale-out, if known.")
+    source: Literal["ds2", "regression"] | None = Field(
+        None, description="Which estimate the hybrid policy uses at the current scale-out."
+    )
+    why: str = ""
+    regression_samples: NonNegativeInt = Field(0, description="Samples in the current scale-out's regressions.")
+
+
+class ForecastView(Contract):
+    """The arrival-rate forecast of this window: rates at start, start + step_s, ..."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
+
+    values: list[float] = Field(max_length=10_000)
+    start: float
+    step_s: PositiveFloat
+    method: Literal["arima", "linear_trend", "last_value"]
+    wape: float | None = Field(None, description="The previous published forecast's WAPE on the points that arrived.")
+    reason: str = ""
+
+
+class RecoveryView(Contract):
+    """A recovery after a rescale that ended in this window (anomaly detection, Daedalus 3.5)."""
+
+    started_at: float = Field(description="When processing stopped (the last window at the old parallelism).")
+    observed_s: NonNegativeFloat = Field(description="Seconds from the stop until the sustained return to normal.")
+    judge: Literal["statistical", "fallback"]
+    from_parallelism: Parallelism
+    to_parallelism: Parallelism
 
 
 class Analysis(Contract):
@@ -177,6 +228,9 @@ class Analysis(Contract):
     splittable: bool = True
     shuffle_partitions: int | None = None
     operators: list[OperatorAnalysis] = Field(default_factory=list)
+    capacity: CapacityView | None = None
+    forecast: ForecastView | None = None
+    recovery: RecoveryView | None = None
     closed_at: float = Field(description="Wall time the window was closed (for end-to-end latency).")
 
 
@@ -270,6 +324,7 @@ class EventType(StrEnum):
     FAILED = "failed"
     SKIPPED = "skipped"
     NOTICE = "notice"
+    RECOVERED = "recovered"
 
 
 class ScalingEvent(Contract):
@@ -288,6 +343,9 @@ class ScalingEvent(Contract):
     rolled_back_to: Parallelism | None = None
     detail: str | None = None
     code: str | None = Field(None, description="For `notice` events: what was found, e.g. `quota_bound`.")
+    numbers: dict[str, float | int | None] = Field(
+        default_factory=dict, description="For `recovered` events: `observed_s`, `predicted_s`, `error_s`."
+    )
 
 
 # ---------------------------------------------------------------- dead letters

@@ -1,4 +1,5 @@
-"""Analyze: DS2 true processing and output rates of each closed window, kept as history in knowledge."""
+"""Analyze: per closed window, DS2's true rates, the capacity model, the recovery detector and (for
+the proactive policies) the arrival-rate forecast; all kept in knowledge, published as one analysis."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from agent import metrics
 from agent.app import Runtime
 from agent.contracts import MetricWindow
 from agent.resilience import until_done
+from analyze.forecasting import Forecasting
+from analyze.proactive import Learned, forecast_config, forecast_view, learn, new_learned
 from analyze.true_rates import analyze_window
 from monitor.validation import Rejection, dead_letter
 
@@ -21,6 +24,11 @@ def register(runtime: Runtime) -> None:
     knowledge = runtime.knowledge
     source = runtime.topic("windows")
     runtime.topic("analyses")
+    forecasting = Forecasting(knowledge)
+
+    @runtime.app.on_before_shutdown.connect
+    async def _stop_refits(app: Any, **kwargs: Any) -> None:
+        forecasting.close()
 
     async def process(value: bytes) -> None:
         try:
@@ -29,14 +37,29 @@ def register(runtime: Runtime) -> None:
             letter = dead_letter(source.get_topic_name(), value, None, Rejection("invalid_window", str(exc)), "analyze")
             await runtime.publish("dead_letter", "", letter.to_bytes())
             return
-        fallback = await knowledge.last_valid_analysis(window.job_id) if window.records_in == 0 else None
-        analysis = analyze_window(window, fallback)
-        recorded = await knowledge.record_analysis(
-            window.job_id, analysis.model_dump_json(), window.window_end, analysis.parallelism
-        )
-        if not recorded:
-            log.info("window %s of %s already analyzed; dropped the duplicate", window.window_end, window.job_id)
+        job = window.job_id
+        if not await knowledge.claim_window_for_analysis(job, window.window_end):
+            log.info("window %s of %s already analyzed; dropped the duplicate", window.window_end, job)
             return
+        fallback = await knowledge.last_valid_analysis(job) if window.records_in == 0 else None
+        analysis = analyze_window(window, fallback)
+        config = await knowledge.job_config(job)
+        stored = await knowledge.learned(job)
+        learned = Learned.from_dict(stored) if stored else new_learned(config.anomaly_k, config.backlog_tolerance_s)
+        learned, capacity, recovery = learn(learned, window, analysis)
+        await knowledge.save_learned(job, learned.to_dict())
+        forecast = None
+        if config.policy.proactive and window.source is not None:
+            settings = forecast_config(window.window_end - window.window_start, config.forecast_horizon_s,
+                                       config.forecast_wape_threshold, config.forecast_retrain_after,
+                                       config.forecast_min_points)
+            forecast = forecast_view(await forecasting.step(job, window.source.arrival_rate, window.window_end,
+                                                            settings))
+        analysis = analysis.model_copy(update={"capacity": capacity, "forecast": forecast, "recovery": recovery})
+        await knowledge.append_analysis(job, analysis.model_dump_json(), analysis.parallelism)
+        if recovery is not None:
+            log.info("%s: recovered %.0f s after the rescale %d -> %d (%s)", job, recovery.observed_s,
+                     recovery.from_parallelism, recovery.to_parallelism, recovery.judge)
         await runtime.publish("analyses", analysis.job_id, analysis.to_bytes())
         if analysis.valid:
             metrics.TRUE_RATE.labels(analysis.job_id).set(analysis.true_processing_rate)

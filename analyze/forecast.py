@@ -433,3 +433,11 @@ def install_model(
     state.retrain_not_before = None
     state.models_installed += 1
     return state, model
+
+
+def abandon_retrain(state: ForecastState) -> ForecastState:
+    """Forget an outstanding refit whose worker is gone, so that the next `step` requests it anew
+    (its id is not reused: a late result of the old request is ignored by `install_model`)."""
+    if not state.retrain_outstanding:
+        return state
+    return state.model_copy(update={"retrain_outstanding": False, "retrain_not_before": None})

@@ -16,7 +16,8 @@ from typing import Any
 from agent.contracts import Action, Analysis
 from execute.agent import STALE_WINDOW_BUDGET
 from knowledge.jobs import JobConfig
-from plan.controls import RESTART_HISTORY, expected_restart_time, guarded_plan
+from plan.controls import RESTART_HISTORY, guarded_plan
+from plan.recovery import expected_restart_time
 
 EPSILON = 1e-9
 

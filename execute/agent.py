@@ -49,10 +49,16 @@ def register(runtime: Runtime) -> None:
         decision = ScalingDecision.model_validate_json(value)
         for notice in decision.notices:
             # Findings of plan (an ineffective scale-up, the quota binding) reach subscribers as events.
+            # A recovery observed after a rescale is an event of its own, with its numbers.
+            recovered = notice.code == "recovered"
             await emit(ScalingEvent(
-                decision_id=decision.decision_id, job_id=decision.job_id, type=EventType.NOTICE, code=notice.code,
-                from_parallelism=decision.from_parallelism, to_parallelism=decision.to_parallelism,
-                detail=notice.message,
+                decision_id=decision.decision_id, job_id=decision.job_id,
+                type=EventType.RECOVERED if recovered else EventType.NOTICE, code=notice.code,
+                from_parallelism=int(notice.numbers.get("from_parallelism") or decision.from_parallelism)
+                if recovered else decision.from_parallelism,
+                to_parallelism=int(notice.numbers.get("to_parallelism") or decision.to_parallelism)
+                if recovered else decision.to_parallelism,
+                detail=notice.message, numbers=notice.numbers if recovered else {},
             ))
         if decision.action is Action.NONE or decision.mode != "auto":
             return

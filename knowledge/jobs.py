@@ -18,7 +18,13 @@ class Mode(StrEnum):
 
 
 class Policy(StrEnum):
-    DS2 = "ds2"
+    DS2 = "ds2"  # reactive: DS2 true rates, backlog catch-up, utilization target
+    DAEDALUS = "daedalus"  # proactive: CPU-throughput regression, forecast, predicted recovery time
+    HYBRID = "hybrid"  # proactive, with DS2 true rates for capacity when busy time is reported
+
+    @property
+    def proactive(self) -> bool:
+        return self is not Policy.DS2
 
 
 class JobConfig(BaseModel):
@@ -76,6 +82,28 @@ class JobConfig(BaseModel):
     )
     ineffective_block_s: float = Field(
         1800.0, ge=0, description="How long (metric time) scale-ups stay blocked after an ineffective one."
+    )
+    target_recovery_s: float = Field(
+        180.0, gt=0, description="daedalus/hybrid: a scale-out must be predicted to recover (stop to caught up) "
+        "within this many seconds."
+    )
+    checkpoint_interval_s: float = Field(
+        10.0, ge=0, description="daedalus/hybrid: worst-case records replayed after a restart are this many "
+        "seconds of arrivals (Spark commits offsets every micro-batch: about one trigger interval)."
+    )
+    forecast_horizon_s: float = Field(900.0, gt=0, description="How far ahead the arrival rate is forecast.")
+    forecast_wape_threshold: float = Field(
+        0.25, gt=0, description="While ARIMA's last forecast scores above this WAPE, a linear trend is used."
+    )
+    forecast_retrain_after: int = Field(
+        15, ge=1, le=10_000, description="Consecutive poor ARIMA forecasts that trigger a refit from history."
+    )
+    forecast_min_points: int = Field(
+        60, ge=10, le=10_000, description="Windows of arrival rates needed before the first ARIMA fit."
+    )
+    anomaly_k: float = Field(
+        1.0, gt=0, le=10, description="After a rescale, a lag rate beyond k standard deviations of normal is "
+        "anomalous; the first sustained return within k ends the recovery."
     )
     excluded_periods: str = Field(
         "", description="UTC ranges without rescaling, `;`-separated: `22:00-06:00`, `Sat,Sun 00:00-24:00`, "

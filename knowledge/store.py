@@ -46,6 +46,9 @@ class Knowledge:
         self.redis: aioredis.Redis = client or aioredis.from_url(
             settings.redis_url, decode_responses=True, health_check_interval=10
         )
+        # Forecast models are pickled bytes; the main client decodes text.
+        self._raw: aioredis.Redis = aioredis.from_url(settings.redis_url, decode_responses=False,
+                                                      health_check_interval=10)
         self._release_lock = self.redis.register_script(_RELEASE_LOCK)
         self._reserve_slots = self.redis.register_script(_RESERVE_SLOTS)
 
@@ -82,6 +85,7 @@ class Knowledge:
 
     async def close(self) -> None:
         await self.redis.aclose()
+        await self._raw.aclose()
 
     # ---------------------------------------------------------------- registry and config
 
@@ -146,13 +150,13 @@ class Knowledge:
 
     # ---------------------------------------------------------------- analyze: true-rate history
 
-    async def record_analysis(self, job_id: str, analysis_json: str, window_end: float, parallelism: int) -> bool:
-        """Append to the true-rate history; False if this window was already recorded (a redelivery)."""
-        fresh = await self._advance_watermark(job_id, "analyzed_until", window_end)
-        if fresh:
-            await self._push_trimmed(job_id, "rates", analysis_json)
-            await self.redis.hset(self._key(job_id, "state"), "parallelism_seen", parallelism)
-        return fresh
+    async def claim_window_for_analysis(self, job_id: str, window_end: float) -> bool:
+        """True once per window: False for a redelivered one."""
+        return await self._advance_watermark(job_id, "analyzed_until", window_end)
+
+    async def append_analysis(self, job_id: str, analysis_json: str, parallelism: int) -> None:
+        await self._push_trimmed(job_id, "rates", analysis_json)
+        await self.redis.hset(self._key(job_id, "state"), "parallelism_seen", parallelism)
 
     async def rate_history(self, job_id: str, limit: int = 100) -> list[dict[str, Any]]:
         return await self._recent_json(job_id, "rates", limit)
@@ -180,6 +184,40 @@ class Knowledge:
                     return True
                 except aioredis.WatchError:
                     continue
+
+    # ---------------------------------------------------------------- analyze: models (Daedalus)
+
+    async def learned(self, job_id: str) -> dict[str, Any] | None:
+        """Capacity model and recovery detector of the job (see analyze.proactive.Learned)."""
+        raw = await self.redis.get(self._key(job_id, "learned"))
+        return json.loads(raw) if raw else None
+
+    async def save_learned(self, job_id: str, learned: dict[str, Any]) -> None:
+        await self.redis.set(self._key(job_id, "learned"), json.dumps(learned))
+
+    async def forecast(self, job_id: str) -> tuple[str | None, bytes | None]:
+        """The forecast state (JSON) and the pickled model, written together by `save_forecast`."""
+        async with self._raw.pipeline(transaction=True) as pipe:
+            pipe.get(self._key(job_id, "forecast"))
+            pipe.get(self._key(job_id, "forecast-model"))
+            state, model = await pipe.execute()
+        return (state.decode() if state else None), model
+
+    async def save_forecast(self, job_id: str, state_json: str, model: bytes | None) -> None:
+        async with self._raw.pipeline(transaction=True) as pipe:
+            pipe.set(self._key(job_id, "forecast"), state_json)
+            if model is None:
+                pipe.delete(self._key(job_id, "forecast-model"))
+            else:
+                pipe.set(self._key(job_id, "forecast-model"), model)
+            await pipe.execute()
+
+    async def record_recovery(self, job_id: str, recovery_json: str) -> None:
+        """An observed recovery beside its prediction (plan's `recovered` notice numbers)."""
+        await self._push_trimmed(job_id, "recoveries", recovery_json)
+
+    async def recoveries(self, job_id: str, limit: int = 100) -> list[dict[str, Any]]:
+        return await self._recent_json(job_id, "recoveries", limit)
 
     # ---------------------------------------------------------------- plan: decisions
 
@@ -266,6 +304,14 @@ class Knowledge:
 
     async def downtimes(self, job_id: str, direction: str) -> list[float]:
         return [float(v) for v in await self.redis.lrange(self._key(job_id, f"downtimes:{direction}"), 0, -1)]
+
+    async def downtimes_by_direction(self, job_id: str, limit: int = 10) -> dict[str, list[float]]:
+        """The latest measured restarts per direction, oldest first."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for direction in ("up", "down"):
+                pipe.lrange(self._key(job_id, f"downtimes:{direction}"), 0, limit - 1)
+            up, down = await pipe.execute()
+        return {"up": [float(v) for v in reversed(up)], "down": [float(v) for v in reversed(down)]}
 
     async def recent_downtimes(self, job_id: str, limit: int = 10) -> list[float]:
         """The latest measured restarts, either direction."""

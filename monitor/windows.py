@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agent.contracts import MetricReport, MetricWindow, OperatorWindow, SourceWindow
+from agent.contracts import MetricReport, MetricWindow, OperatorWindow, SourceWindow, WorkerWindow
 
 WindowState = dict[str, Any]
 
@@ -140,7 +140,30 @@ def close_window(state: WindowState, job_id: str, interval_s: float) -> MetricWi
         source=_source_window(workers),
         shuffle_partitions=last_worker.get("shuffle_partitions"),
         operators=_operator_windows(workers, observed),
+        worker_loads=_worker_loads(state["workers"], last_worker["parallelism_last"]),
     )
+
+
+def _worker_loads(workers: dict[str, Any], parallelism: int) -> list[WorkerWindow]:
+    """Each worker's (utilization, throughput), the capacity model's samples.
+
+    Busy time is preferred to CPU: it counts all of a task's work, where an engine's CPU figure
+    may miss some (Spark's executorCpuTime leaves out its Python workers). Reports do not say how
+    many slots a worker has, so the job's slots are taken as spread evenly over its workers."""
+    slots = parallelism / len(workers)
+    loads = []
+    for worker_id, w in sorted(workers.items()):
+        if w["observed"] <= 0:
+            continue
+        if w["busy"] > 0:
+            utilization, source = w["busy"] / (w["observed"] * slots), "busy"
+        elif w["cpu_time"] > 0:
+            utilization, source = w["cpu_weighted"] / w["cpu_time"], "cpu"
+        else:
+            continue
+        loads.append(WorkerWindow(worker_id=worker_id, throughput=w["records_in"] / w["observed"],
+                                  utilization=min(1.0, max(0.0, utilization)), utilization_source=source))
+    return loads
 
 
 def _source_window(workers: Any) -> SourceWindow | None:

@@ -1,7 +1,8 @@
-"""Plan: turn each analysis into a scaling decision (DS2), guarded, recorded and published."""
+"""Plan: turn each analysis into a scaling decision (the job's policy), guarded, recorded and published."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import replace
@@ -12,7 +13,9 @@ from agent.app import Runtime
 from agent.contracts import Action, Analysis, ScalingDecision
 from agent.resilience import until_done
 from knowledge.jobs import Mode
-from plan.controls import RESTART_HISTORY, apply_quota, expected_restart_time, guarded_plan
+from plan.controls import RESTART_HISTORY, apply_quota, guarded_plan
+from plan.proactive import recovery_notice
+from plan.recovery import expected_restart_time
 
 __all__ = ["guarded_plan", "register"]
 
@@ -32,10 +35,17 @@ def register(runtime: Runtime) -> None:
         config = await knowledge.job_config(job)
         state = await knowledge.state(job)
         rescaling = await knowledge.lock_holder(job) is not None
-        downtimes = await knowledge.recent_downtimes(job, RESTART_HISTORY)
+        by_direction = await knowledge.downtimes_by_direction(job, RESTART_HISTORY)
+        downtimes = [*by_direction["up"], *by_direction["down"]]
         restart = expected_restart_time(downtimes, config.restart_time_s, config.restart_time_cap_s) \
             if downtimes else None
-        plan, updates = guarded_plan(analysis, config, state, rescaling, restart_time_s=restart)
+        plan, updates = guarded_plan(analysis, config, state, rescaling, restart_time_s=restart,
+                                     downtimes=by_direction)
+        if analysis.recovery is not None:
+            notice = recovery_notice(analysis.recovery, state.get("pending_recovery"))
+            plan = replace(plan, notices=[*plan.notices, notice])
+            updates.setdefault("pending_recovery", None)  # unless this window rescales again
+            await knowledge.record_recovery(job, json.dumps({"window_end": analysis.window_end, **notice.numbers}))
         quota = runtime.settings.slot_quota
         if quota is not None and not rescaling:
             scaling_up = plan.action is Action.SCALE_UP

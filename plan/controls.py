@@ -15,7 +15,7 @@ is applied by the shell, which reserves slots atomically across jobs (`apply_quo
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -23,16 +23,10 @@ from agent.contracts import Action, Analysis, DecisionReason
 from knowledge.jobs import JobConfig, Mode
 from knowledge.periods import excluded_at, parse_periods
 from plan.ds2 import Plan, direction, hold, plan_ds2
+from plan.proactive import plan_proactive, predicted_recovery_s
 
 # Restarts (per direction) measured by execute that the restart-time estimate looks back over.
 RESTART_HISTORY = 10
-
-
-def expected_restart_time(recent_downtimes: Sequence[float], default_s: float, cap_s: float) -> float:
-    """The slowest of the recent measured restarts (a restart is rarely faster than the last slow
-    one), capped; the configured default until one has been measured."""
-    recent = [d for d in recent_downtimes if d >= 0]
-    return min(max(recent), cap_s) if recent else min(default_s, cap_s)
 
 
 def limit_step(current: int, to: int, config: JobConfig) -> tuple[int, str | None]:
@@ -209,17 +203,36 @@ def smoothed(analysis: Analysis, samples: list[dict[str, Any]]) -> Analysis:
     return analysis.model_copy(update=averages)
 
 
+def policy_plan(
+    analysis: Analysis, config: JobConfig, state: Mapping[str, Any], restart_time_s: float,
+    downtimes: Mapping[str, Sequence[float]],
+) -> Plan:
+    """The job's policy; a proactive one that cannot decide yet falls back to DS2 and says why."""
+    if not config.policy.proactive:
+        return plan_ds2(analysis, config, restart_time_s=restart_time_s)
+    last = state.get("last_rescale_at")
+    since = None if last is None else analysis.window_end - float(last)
+    plan, why_not = plan_proactive(analysis, config, downtimes, since)
+    if plan is not None:
+        return plan
+    fallback = plan_ds2(analysis, config, restart_time_s=restart_time_s)
+    message = f"{config.policy.value} cannot decide yet ({why_not}); DS2: {fallback.reason.message}"
+    return replace(fallback, reason=fallback.reason.model_copy(update={"message": message}))
+
+
 def guarded_plan(
     analysis: Analysis,
     config: JobConfig,
     state: dict[str, Any],
     rescaling: bool,
     restart_time_s: float | None = None,
+    downtimes: Mapping[str, Sequence[float]] | None = None,
 ) -> tuple[Plan, dict[str, Any]]:
     """The policy inside its controls. Returns the plan and the plan-state fields to store.
 
     `restart_time_s` is the expected restart time (see `expected_restart_time`); None means none
-    has been measured, so the configured default applies."""
+    has been measured, so the configured default applies. `downtimes` are the measured ones per
+    direction ("up", "down"), for the proactive policies' recovery predictions."""
     current = analysis.parallelism
     now = analysis.window_end
     updates: dict[str, Any] = {}
@@ -267,7 +280,7 @@ def guarded_plan(
     state = {**state, **updates}
 
     restart = config.restart_time_s if restart_time_s is None else min(restart_time_s, config.restart_time_cap_s)
-    plan = plan_ds2(smoothed(analysis, recent), config, restart_time_s=restart)
+    plan = policy_plan(smoothed(analysis, recent), config, state, restart, downtimes or {})
     plan = replace(plan, notices=notices)
     if plan.action is Action.NONE:
         plan, delay_updates = apply_delayed_scale_down(plan, current, now, state, config)
@@ -307,6 +320,12 @@ def guarded_plan(
             ), updates | {"scale_down_since": None, "scale_down_max": None}
     plan, delay_updates = apply_delayed_scale_down(plan, current, now, state, config)
     updates |= delay_updates
+    if plan.action is not Action.NONE:
+        predicted = predicted_recovery_s(analysis, config, plan.to_parallelism, downtimes or {})
+        reason = plan.reason.model_copy(update={"numbers": {**plan.reason.numbers, "predicted_recovery_s": predicted}})
+        plan = replace(plan, reason=reason)
+        updates |= {"last_rescale_at": now, "pending_recovery": {
+            "from": current, "to": plan.to_parallelism, "predicted_s": predicted, "window_end": now}}
     if plan.action is Action.SCALE_UP:
         # Judge the scale-up by the first settled window at the new parallelism.
         updates["scale_up_check"] = {"from": current, "to": plan.to_parallelism,

@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from plan.controls import expected_restart_time
-
 Direction = Literal["up", "down"]
 ChoiceCode = Literal["recent_rescale_holds", "current_sufficient", "smallest_sufficient", "none_sufficient"]
 
@@ -136,6 +134,13 @@ def predict_recovery_time(
 ) -> float:
     """Seconds from the stop until caught up (math.inf if not within the forecast and its extension)."""
     return predict_recovery(capacity, forecast, step_s, backlog, downtime_s, replay_records, beyond_horizon_s).seconds
+
+
+def expected_restart_time(recent_downtimes: Sequence[float], default_s: float, cap_s: float) -> float:
+    """The slowest of the recent measured restarts (a restart is rarely faster than the last slow
+    one), capped; the configured default until one has been measured."""
+    recent = [d for d in recent_downtimes if d >= 0]
+    return min(max(recent), cap_s) if recent else min(default_s, cap_s)
 
 
 # Daedalus's initial downtimes until one is measured: 30 s to scale out, 15 s to scale in.

@@ -19,11 +19,11 @@ from plan.controls import (
     align,
     apply_quota,
     even_parallelism,
-    expected_restart_time,
     guarded_plan,
     limit_step,
 )
 from plan.ds2 import Plan, plan_ds2
+from plan.recovery import expected_restart_time
 from tests.unit.test_ds2 import analysis
 
 # Every control that is not under test is neutral: no band, no delay, no restart cost, no waiting.

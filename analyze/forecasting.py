@@ -1,0 +1,98 @@
+"""The shell around `analyze.forecast`: state and model in knowledge, work off the event loop.
+
+A `step` (model update and forecast, 35-300 ms) runs in a thread; a refit (seconds) runs in a
+process pool at a lower CPU priority, at most one per job, and is swapped in when done. Nothing is
+kept in process memory between windows except the refits under way, so another worker continues
+a job from knowledge; a refit lost with a dead worker is requested again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+
+from analyze.forecast import (
+    ForecastConfig,
+    ForecastDecision,
+    ForecastState,
+    RetrainRequest,
+    abandon_retrain,
+    fit_model,
+    install_model,
+    step,
+)
+from knowledge.store import Knowledge
+
+log = logging.getLogger("autoscaler.analyze")
+
+REFIT_NICENESS = 10
+
+
+def _lower_priority() -> None:
+    # Refits yield the CPU to decisions: a refit may wait, a decision should not.
+    os.nice(REFIT_NICENESS)
+
+
+class Forecasting:
+    def __init__(self, knowledge: Knowledge, refit_workers: int = 1) -> None:
+        self.knowledge = knowledge
+        self.refit_workers = refit_workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.refits: dict[str, asyncio.Task[None]] = {}
+
+    @property
+    def pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            # spawn: forking a process that runs an event loop and threads is unsafe.
+            self._pool = ProcessPoolExecutor(self.refit_workers, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_lower_priority)
+        return self._pool
+
+    async def _load(self, job_id: str) -> tuple[ForecastState, bytes | None]:
+        state_json, model = await self.knowledge.forecast(job_id)
+        state = ForecastState.model_validate_json(state_json) if state_json else ForecastState()
+        if state.retrain_outstanding and job_id not in self.refits:
+            state = abandon_retrain(state)  # requested by a worker that is gone: ask again
+        return state, model
+
+    async def step(self, job_id: str, arrival_rate: float, now: float, config: ForecastConfig) -> ForecastDecision:
+        async with self._locks[job_id]:
+            state, model = await self._load(job_id)
+            state, decision = await asyncio.to_thread(step, state, [arrival_rate], now, config, model)
+            await self.knowledge.save_forecast(job_id, state.model_dump_json(), decision.model)
+        if decision.retrain is not None:
+            self.refits[job_id] = asyncio.create_task(self._refit(job_id, decision.retrain, config))
+        return decision
+
+    async def _refit(self, job_id: str, request: RetrainRequest, config: ForecastConfig) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            model: bytes | None = await loop.run_in_executor(self.pool, fit_model, request.history, config)
+        except Exception as exc:  # a failed fit is retried later; the agent goes on
+            log.warning("%s: forecast refit %d failed: %s", job_id, request.request_id, exc)
+            model = None
+        try:
+            async with self._locks[job_id]:
+                state, current = await self._load(job_id)
+                state, installed = await asyncio.to_thread(install_model, state, model, request.request_id, config,
+                                                           current)
+                await self.knowledge.save_forecast(job_id, state.model_dump_json(), installed)
+            if model is not None:
+                log.info("%s: forecast model %d installed (%s)", job_id, request.request_id, request.reason)
+        finally:
+            self.refits.pop(job_id, None)
+
+    async def drain(self) -> None:
+        """Wait for the refits under way (tests and benchmarks)."""
+        while self.refits:
+            await asyncio.gather(*list(self.refits.values()), return_exceptions=True)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None

@@ -1,0 +1,206 @@
+"""The proactive wiring's pure parts: per-worker loads, what analyze learns per window, the
+daedalus/hybrid policies inside the controls, and the recovered finding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.contracts import Action, Analysis, CapacityView, ForecastView, MetricWindow, RecoveryView, SourceWindow
+from analyze.forecast import ForecastState, abandon_retrain
+from analyze.proactive import Learned, learn, new_learned
+from analyze.true_rates import analyze_window
+from knowledge.jobs import JobConfig, Policy
+from plan.controls import guarded_plan
+from plan.proactive import plan_proactive, predicted_recovery_s, recovery_notice, regression_capacity
+from tests.unit.test_ds2 import analysis
+from tests.unit.test_monitor import fold, report
+
+
+def window(end: float, parallelism: int, arrival: float, throughput: float, backlog: int,
+           utilization: float, step: float = 10.0) -> MetricWindow:
+    """A one-worker window: `throughput` rec/s at `utilization` busy fraction of `parallelism` slots."""
+    return MetricWindow.model_validate({
+        "job_id": "job", "window_start": end - step, "window_end": end, "observed_s": step, "report_count": 1,
+        "workers": 1, "parallelism": parallelism, "parallelism_changed": False,
+        "records_in": round(throughput * step), "records_out": round(throughput * step),
+        "busy_time_s": utilization * step * parallelism,
+        "source": SourceWindow(arrival_rate=arrival, backlog=backlog, backlog_growth_rate=0.0, partitions=8,
+                               splittable=True),
+        "worker_loads": [{"worker_id": "driver", "throughput": throughput, "utilization": utilization,
+                          "utilization_source": "busy"}],
+    })
+
+
+def feed(learned: Learned, w: MetricWindow) -> tuple[Learned, CapacityView, RecoveryView | None]:
+    return learn(learned, w, analyze_window(w, None))
+
+
+# ---------------------------------------------------------------- monitor: per-worker loads
+
+
+def test_each_worker_reports_its_busy_fraction_of_an_even_share_of_the_slots() -> None:
+    reports = [
+        report(101.0, worker_id="a", parallelism=4, records_in=300, busy_time_s=1.0, interval_s=1.0),
+        report(101.0, worker_id="b", parallelism=4, records_in=100, busy_time_s=0.5, interval_s=1.0),
+    ]
+    _, windows = fold([*reports, report(200.0, parallelism=4)])
+    loads = {w.worker_id: w for w in windows[0].worker_loads}
+    # Two workers share 4 slots: 2 slots each, so 1 busy second in 1 s is 50 %.
+    assert loads["a"].utilization == pytest.approx(0.5) and loads["a"].throughput == pytest.approx(300)
+    assert loads["b"].utilization == pytest.approx(0.25) and loads["b"].utilization_source == "busy"
+
+
+def test_cpu_utilization_is_the_fallback_when_no_busy_time_is_reported() -> None:
+    _, windows = fold([report(101.0, busy_time_s=0.0, cpu_utilization=0.4, records_in=50, interval_s=1.0),
+                       report(200.0)])
+    load = windows[0].worker_loads[0]
+    assert load.utilization_source == "cpu" and load.utilization == pytest.approx(0.4)
+
+
+# ---------------------------------------------------------------- analyze: capacity and recovery
+
+
+def test_the_capacity_model_learns_from_settled_windows_and_extrapolates_to_saturation() -> None:
+    learned = new_learned()
+    # 200 rec/s per fully busy slot plus a fixed 5 % overhead: throughput = 200 (u - 0.05) / 0.95 x p.
+    loads = [0.3, 0.5, 0.7, 0.4, 0.6] * 3
+    for i, u in enumerate(loads):
+        learned, view, _ = feed(learned, window(10.0 * (i + 1), 2, 0.0, 400 * (u - 0.05) / 0.95, 0, u))
+        if i == 2:
+            # Until the regression has 3 samples (windows 2 and 3) a window's capacity is throughput / utilization,
+            # which misses the overhead: below the true 400 rec/s.
+            assert learned.capacity.estimate(2).value < 385
+    # The first window at a parallelism is skipped (it includes the start), the others are fitted; the
+    # decaying average forgets the early ratio estimates.
+    assert learned.capacity.estimate(2).value == pytest.approx(400, rel=0.01)
+    assert view.regression_samples == len(loads) - 1 and view.observed == {"2": pytest.approx(400, rel=0.01)}
+    # Busy time is reported, so the hybrid choice is DS2's true rate.
+    assert view.source == "ds2"
+
+
+def test_learned_state_survives_serialisation_unchanged() -> None:
+    learned = new_learned(anomaly_k=2.0)
+    for i in range(5):
+        learned, _, _ = feed(learned, window(10.0 * (i + 1), 2, 300.0, 300.0, 0, 0.5 + 0.05 * i))
+    again = Learned.from_dict(learned.to_dict())
+    assert again.to_dict() == learned.to_dict()
+    assert again.detector.k == 2.0 and again.capacity.observed == learned.capacity.observed
+
+
+def test_a_rescale_starts_a_recovery_that_ends_at_the_sustained_return_to_normal() -> None:
+    learned = new_learned()
+    t = 0.0
+    for i in range(12):  # normal: throughput follows arrivals (+-5 rec/s)
+        t += 10
+        learned, _, recovery = feed(learned, window(t, 2, 300.0, 300.0 + (5 if i % 2 else -5), 100, 0.75))
+        assert recovery is None
+    stopped = t
+    # Down for 30 s (no windows), then catching up at 4 slots, then back to normal.
+    t += 30
+    observed = []
+    for throughput, backlog in [(700, 9000), (700, 5000), (700, 1000), (305, 100), (295, 80), (300, 90)]:
+        t += 10
+        learned, _, recovery = feed(learned, window(t, 4, 300.0, throughput, backlog, 0.5))
+        observed.append(recovery)
+    recovery = observed[-1]
+    assert observed[:-1] == [None] * 5 and recovery is not None
+    # Back to normal at the first of the three normal windows: 4 windows after the restart.
+    assert recovery.started_at == stopped
+    assert recovery.observed_s == pytest.approx(t - 20 - stopped)
+    assert (recovery.from_parallelism, recovery.to_parallelism, recovery.judge) == (2, 4, "statistical")
+
+
+# ---------------------------------------------------------------- plan: daedalus and hybrid
+
+
+def proactive_analysis(forecast: list[float], observed: dict[str, float], **fields: Any) -> Analysis:
+    return analysis(**{
+        "parallelism": 2, "arrival_rate": forecast[0], "backlog": 0,
+        "capacity": CapacityView(observed=observed, current=observed.get("2"), source="regression"),
+        "forecast": ForecastView(values=forecast, start=110.0, step_s=10.0, method="arima"),
+    } | fields)
+
+
+def cfg(**overrides: Any) -> JobConfig:
+    base = {"policy": "daedalus", "utilization_band": 0.0, "restart_time_s": 20, "scale_down_delay_s": 0,
+            "stabilization_windows": 0, "ineffective_scale_up_threshold": 0, "min_samples": 1,
+            "metrics_window_s": 0, "checkpoint_interval_s": 0, "max_parallelism": 16}
+    return JobConfig.model_validate(base | overrides)
+
+
+def test_daedalus_scales_out_before_a_forecast_rise_reaches_the_current_capacity() -> None:
+    # 200 rec/s per slot (power law through 1 and 2 slots), the arrival rate ramps 300 -> 900 rec/s.
+    ramp = [300.0 + 600.0 * i / 89 for i in range(90)]
+    plan, why = plan_proactive(proactive_analysis(ramp, {"1": 200.0, "2": 400.0}), cfg(), {}, None)
+    assert plan is not None, why
+    # Now 2 slots (400 rec/s) keep up, but the forecast peak needs 5 (1000 rec/s > 900).
+    assert plan.action is Action.SCALE_UP and plan.to_parallelism == 5
+    assert plan.reason.code == "daedalus_smallest_sufficient" and plan.reason.rule == "daedalus"
+
+
+def test_daedalus_holds_a_recent_rescale_that_still_carries_the_load() -> None:
+    flat = [300.0] * 90
+    plan, _ = plan_proactive(proactive_analysis(flat, {"2": 400.0}), cfg(), {}, since_last_rescale_s=30)
+    assert plan is not None and plan.action is Action.NONE and plan.reason.code == "daedalus_recent_rescale_holds"
+
+
+def test_hybrid_uses_ds2_true_rates_when_busy_time_is_reported() -> None:
+    flat = [300.0] * 90
+    a = proactive_analysis(flat, {"2": 1000.0}, true_processing_rate=100.0)
+    a = a.model_copy(update={"capacity": a.capacity.model_copy(update={"source": "ds2"})})
+    daedalus, _ = plan_proactive(a, cfg(), {}, None)
+    hybrid, _ = plan_proactive(a, cfg(policy="hybrid"), {}, None)
+    assert daedalus is not None and hybrid is not None
+    # The regression says 2 slots carry 1000 rec/s (scale in to 1); DS2 says 100 per slot: 4 slots.
+    assert daedalus.to_parallelism == 1 and hybrid.to_parallelism == 4
+
+
+def test_without_a_forecast_or_capacity_a_proactive_policy_falls_back_to_ds2_and_says_so() -> None:
+    a = analysis(arrival_rate=350.0)  # no forecast, no capacity
+    plan, why = plan_proactive(a, cfg(), {}, None)
+    assert plan is None and "forecast" in why
+    guarded, _ = guarded_plan(a, cfg(restart_time_s=0), {}, False)
+    assert guarded.to_parallelism == 5 and "daedalus cannot decide yet" in guarded.reason.message
+
+
+def test_every_rescale_carries_its_predicted_recovery_and_the_recovery_is_compared() -> None:
+    ramp = [300.0 + 600.0 * i / 89 for i in range(90)]
+    plan, updates = guarded_plan(proactive_analysis(ramp, {"1": 200.0, "2": 400.0}), cfg(), {}, False)
+    predicted = plan.reason.numbers["predicted_recovery_s"]
+    assert plan.action is Action.SCALE_UP and predicted is not None and predicted > 20  # downtime included
+    assert updates["pending_recovery"]["to"] == plan.to_parallelism
+    observed = RecoveryView(started_at=100.0, observed_s=predicted + 7, judge="statistical", from_parallelism=2,
+                            to_parallelism=plan.to_parallelism)
+    notice = recovery_notice(observed, updates["pending_recovery"])
+    assert notice.code == "recovered" and notice.numbers["error_s"] == pytest.approx(7, abs=0.01)
+    # A recovery from another rescale than the predicted one is not compared.
+    other = observed.model_copy(update={"to_parallelism": 3})
+    assert recovery_notice(other, updates["pending_recovery"]).numbers["predicted_s"] is None
+
+
+def test_ds2_rescales_are_predicted_with_ds2_capacity_and_a_flat_forecast() -> None:
+    # 5 slots x 100 rec/s = 500 rec/s, 150 spare over 350 arriving; 20 s down: 7,000 records -> 20 + 46.7 s.
+    value = predicted_recovery_s(analysis(), cfg(policy="ds2"), 5, {})
+    assert value == pytest.approx(20 + 350 * 20 / 150, rel=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.integers(1, 64), st.floats(1.0, 1e6), min_size=1, max_size=6), st.integers(1, 128))
+def test_regression_capacity_returns_what_was_observed_and_is_positive_elsewhere(
+    observed: dict[int, float], p: int
+) -> None:
+    capacity_of = regression_capacity({str(k): v for k, v in observed.items()})
+    assert capacity_of is not None
+    value = capacity_of(p)
+    assert value == observed[p] if p in observed else value > 0
+
+
+def test_a_refit_lost_with_its_worker_is_requested_again() -> None:
+    state = ForecastState(retrain_outstanding=True, retrain_id=3)
+    again = abandon_retrain(state)
+    assert not again.retrain_outstanding and again.retrain_id == 3
+    assert Policy("hybrid").proactive and not Policy("ds2").proactive
