@@ -324,8 +324,10 @@ def guarded_plan(
         predicted = predicted_recovery_s(analysis, config, plan.to_parallelism, downtimes or {})
         reason = plan.reason.model_copy(update={"numbers": {**plan.reason.numbers, "predicted_recovery_s": predicted}})
         plan = replace(plan, reason=reason)
-        updates |= {"last_rescale_at": now, "pending_recovery": {
-            "from": current, "to": plan.to_parallelism, "predicted_s": predicted, "window_end": now}}
+        updates["pending_recovery"] = {"from": current, "to": plan.to_parallelism, "predicted_s": predicted,
+                                       "window_end": now}
+        if config.mode is Mode.AUTO:  # a recommendation does not restart the job
+            updates["last_rescale_at"] = now
     if plan.action is Action.SCALE_UP:
         # Judge the scale-up by the first settled window at the new parallelism.
         updates["scale_up_check"] = {"from": current, "to": plan.to_parallelism,
