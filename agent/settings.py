@@ -66,3 +66,19 @@ class Settings(BaseSettings):
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that gives a child process these settings."""
+    env = {
+        "AUTOSCALER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "AUTOSCALER_REDIS_URL": settings.redis_url,
+        "AUTOSCALER_TOPIC_PARTITIONS": str(settings.topic_partitions),
+        "AUTOSCALER_APP_ID": settings.app_id,
+        "AUTOSCALER_WEB_PORT": str(settings.web_port),
+        "AUTOSCALER_LOOP_INTERVAL_S": str(settings.loop_interval_s),
+        "AUTOSCALER_LOG_LEVEL": "info",
+    }
+    for name, topic in settings.topics.model_dump().items():
+        env[f"AUTOSCALER_TOPICS__{name.upper()}"] = topic
+    return env

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent.processes import Service, free_port, start_broker, start_redis, stop_pid, wait_for_port
-from agent.settings import Settings, Topics
+from agent.settings import Settings, Topics, settings_env
 
 
 @pytest.fixture(scope="session")
@@ -48,21 +48,6 @@ def settings(broker: Service, redis_service: Service) -> Settings:
         web_port=free_port(),
         loop_interval_s=10.0,
     )
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    env = {
-        "AUTOSCALER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-        "AUTOSCALER_REDIS_URL": settings.redis_url,
-        "AUTOSCALER_TOPIC_PARTITIONS": str(settings.topic_partitions),
-        "AUTOSCALER_APP_ID": settings.app_id,
-        "AUTOSCALER_WEB_PORT": str(settings.web_port),
-        "AUTOSCALER_LOOP_INTERVAL_S": str(settings.loop_interval_s),
-        "AUTOSCALER_LOG_LEVEL": "info",
-    }
-    for name, topic in settings.topics.model_dump().items():
-        env[f"AUTOSCALER_TOPICS__{name.upper()}"] = topic
-    return env
 
 
 @dataclass
