@@ -280,7 +280,8 @@ def guarded_plan(
     state = {**state, **updates}
 
     restart = config.restart_time_s if restart_time_s is None else min(restart_time_s, config.restart_time_cap_s)
-    plan = policy_plan(smoothed(analysis, recent), config, state, restart, downtimes or {})
+    rates = smoothed(analysis, recent)
+    plan = policy_plan(rates, config, state, restart, downtimes or {})
     plan = replace(plan, notices=notices)
     if plan.action is Action.NONE:
         plan, delay_updates = apply_delayed_scale_down(plan, current, now, state, config)
@@ -321,7 +322,11 @@ def guarded_plan(
     plan, delay_updates = apply_delayed_scale_down(plan, current, now, state, config)
     updates |= delay_updates
     if plan.action is not Action.NONE:
-        predicted = predicted_recovery_s(analysis, config, plan.to_parallelism, downtimes or {})
+        # The policy's own prediction when the controls kept its choice; else the same model for
+        # the parallelism that will run.
+        predicted = plan.reason.numbers.get("predicted_recovery_s")
+        if predicted is None or plan.reason.numbers.get("chosen") != plan.to_parallelism:
+            predicted = predicted_recovery_s(rates, config, plan.to_parallelism, downtimes or {})
         reason = plan.reason.model_copy(update={"numbers": {**plan.reason.numbers, "predicted_recovery_s": predicted}})
         plan = replace(plan, reason=reason)
         updates["pending_recovery"] = {"from": current, "to": plan.to_parallelism, "predicted_s": predicted,
