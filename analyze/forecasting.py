@@ -1,6 +1,6 @@
 """The shell around `analyze.forecast`: state and model in knowledge, work off the event loop.
 
-A `step` (model update and forecast, 35-300 ms) runs in a thread; a refit (seconds) runs in a
+A `step` (filter and forecast, milliseconds) runs in a thread; a refit (seconds) runs in a
 process pool at a lower CPU priority, at most one per job, and is swapped in when done. Nothing is
 kept in process memory between windows except the refits under way, so another worker continues
 a job from knowledge; a refit lost with a dead worker is requested again.
