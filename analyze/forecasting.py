@@ -15,6 +15,8 @@ import os
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 
+from threadpoolctl import threadpool_limits
+
 from analyze.forecast import (
     ForecastConfig,
     ForecastDecision,
@@ -33,12 +35,16 @@ REFIT_NICENESS = 10
 
 
 def _lower_priority() -> None:
-    # Refits yield the CPU to decisions: a refit may wait, a decision should not.
+    # Refits yield the CPU to decisions: a refit may wait, a decision should not. One BLAS thread:
+    # a refit is one job's work, and more threads would compete with the agent's core.
     os.nice(REFIT_NICENESS)
+    threadpool_limits(limits=1)
 
 
 class Forecasting:
     def __init__(self, knowledge: Knowledge, refit_workers: int = 1) -> None:
+        # A step's linear algebra is small: BLAS threads would only contend with the refits.
+        threadpool_limits(limits=1)
         self.knowledge = knowledge
         self.refit_workers = refit_workers
         self._pool: ProcessPoolExecutor | None = None

@@ -34,7 +34,7 @@ from knowledge.store import Knowledge
 JOB = "demo"
 RESULTS = Path(__file__).parent / "results"
 # Rescales both ways: the demo job carries about 200 rec/s per slot at cost_ms=4.
-DEFAULT_STEPS = "steps:120:60,520:90,150:90,760:90,260:90,600:90,150:90"
+DEFAULT_STEPS = "steps:120:60,520:80,150:80,760:80,260:80,600:80,150:80,700:80"
 
 
 @dataclass
@@ -162,7 +162,7 @@ def main(
         topics=Topics(**{k: f"b{run_id}.{v}" for k, v in Topics().model_dump().items()}),
         app_id=f"bench-{run_id}", web_port=free_port(), loop_interval_s=5.0, topic_partitions=4,
     )
-    overrides = {"policy": policy, "restart_time_s": "20", "scale_down_delay_s": "20", "target_recovery_s": "120",
+    overrides = {"policy": policy, "restart_time_s": "20", "scale_down_delay_s": "20", "target_recovery_s": "60",
                  "forecast_horizon_s": "60", "forecast_min_points": "20", "checkpoint_interval_s": "5"}
     started = time.time()
     try:
