@@ -38,12 +38,17 @@ def _lower_priority() -> None:
     # Refits yield the CPU to decisions: a refit may wait, a decision should not. One BLAS thread:
     # a refit is one job's work, and more threads would compete with the agent's core.
     os.nice(REFIT_NICENESS)
+    import pmdarima  # noqa: F401 - loads scipy's BLAS and sklearn's OpenMP first: the limit covers loaded libraries only
+
     threadpool_limits(limits=1)
 
 
 class Forecasting:
     def __init__(self, knowledge: Knowledge, refit_workers: int = 1) -> None:
-        # A step's linear algebra is small: BLAS threads would only contend with the refits.
+        # A step's linear algebra is small: BLAS threads would only contend with the refits. scipy's
+        # OpenBLAS (statsmodels' filter) is loaded first: the limit covers loaded libraries only.
+        import scipy.linalg  # noqa: F401
+
         threadpool_limits(limits=1)
         self.knowledge = knowledge
         self.refit_workers = refit_workers

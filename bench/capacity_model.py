@@ -34,6 +34,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import subprocess
 import tempfile
 import threading
@@ -191,6 +192,9 @@ class WindowRow:
     backlog: int | None
     used: bool
     skipped: str | None = None
+    records: int = 0
+    busy_s: float = 0.0
+    observed_s: float = 0.0
     capacity_after: float | None = None  # the model's average at p after this window
     hybrid: float | None = None
     hybrid_source: str | None = None
@@ -213,6 +217,8 @@ class ScaleOutResult:
     samples: int
     batch_model: dict[str, float] | None = None
     windows: list[WindowRow] = field(default_factory=list)
+    batches: list[Batch] = field(default_factory=list)  # every non-empty micro-batch seen, for offline analysis
+    reports: list[dict[str, Any]] = field(default_factory=list)  # every MetricReport (end, s, records, busy s)
     started_s: float = 0.0
     seconds: float = 0.0
     load_average: list[float] | None = None  # 1, 5, 15 min, at the end of this scale-out's run
@@ -226,6 +232,11 @@ class ScaleOutResult:
             "batch_model_pct": error_pct(self.batch_model["capacity"] if self.batch_model else None,
                                          self.measured_max),
         }
+
+
+def check(job: Any) -> None:
+    if not job.healthy():
+        raise RuntimeError(f"the demo job stopped: {job.failure() or 'no error given'}")
 
 
 def collect_batches(query: Any, into: dict[int, Batch]) -> None:
@@ -290,6 +301,7 @@ def run_scale_out(
                 while load.is_alive():
                     metrics.poll(1.0)
                     collect_batches(job.query, batches)
+                    check(job)
                 load.join()
                 next_id = outcome["load"].next_id if "load" in outcome else 10_000_000
 
@@ -303,6 +315,7 @@ def run_scale_out(
                 while time.time() < deadline:
                     metrics.poll(1.0)
                     collect_batches(job.query, batches)
+                    check(job)
                     last = metrics.reports[-1] if metrics.reports else None
                     if (last is not None and last.timestamp > written_at + 1 and last.source is not None
                             and last.source.backlog == 0):
@@ -329,7 +342,8 @@ def run_scale_out(
                         throughput=round(analysis.observed_processing_rate, 2),
                         true_rate_per_slot=round(analysis.true_processing_rate, 2),
                         backlog=window.source.backlog if window.source else None, used=reason is None,
-                        skipped=reason)
+                        skipped=reason, records=window.records_in, busy_s=round(window.busy_time_s, 3),
+                        observed_s=round(window.observed_s, 3))
         if reason is None:
             learned, view, _ = learn(learned, window, analysis)
             row.capacity_after = learned.capacity.observed.get(p)
@@ -373,7 +387,9 @@ def run_scale_out(
         parallelism=p, loads=rates, measured_max=measured, drain=drain, regression=regression,
         regression_basis=basis, line_at_full=line_full, line_at_saturation=line_sat, line=line,
         ds2_rate_per_slot=rate, ds2=rate * p if rate else None, hybrid=hybrid, samples=samples,
-        batch_model=batch_model, windows=rows,
+        batch_model=batch_model, windows=rows, batches=ordered,
+        reports=[{"end": r.timestamp, "interval_s": r.interval_s, "records": r.records_in, "busy_s": r.busy_time_s,
+                  "backlog": r.source.backlog if r.source else None} for r in metrics.reports],
         started_s=round(started_s, 1), seconds=round(time.monotonic() - wall, 1),
         load_average=[round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
     )
@@ -452,6 +468,10 @@ def rounded(value: Any) -> Any:
     return value
 
 
+def interrupted(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @app.command()
 def main(
     parallelism: Annotated[list[int] | None, typer.Option("--parallelism", "-p", help="Scale-outs (default 1 2 4).")]
@@ -476,6 +496,7 @@ def main(
     json_out: Annotated[Path, typer.Option("--json-out", help="Where the JSON results go.")] = RESULTS,
 ) -> None:
     """Learn the capacity model from unsaturated windows, then saturate the job and compare."""
+    signal.signal(signal.SIGTERM, interrupted)  # so the job, its Spark session and the broker are stopped
     scale_outs = parallelism or [1, 2, 4]
     fractions = load or [0.3, 0.5, 0.7]
     per_slot = expected_per_slot or 0.85 * 1000.0 / cost_ms

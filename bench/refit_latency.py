@@ -18,6 +18,7 @@ import json
 import math
 import multiprocessing
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -31,7 +32,7 @@ import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
-from threadpoolctl import threadpool_limits
+from threadpoolctl import threadpool_info, threadpool_limits
 
 import analyze.forecasting as forecasting_module
 from agent.processes import Service, start_redis
@@ -54,6 +55,7 @@ TICK_S = 0.010
 # Other jobs never ask for a refit of their own; refit jobs ask for one after every scored loop.
 NO_REFIT_LOOPS = 10_000
 ALWAYS_POOR_WAPE = 1e-9
+POOL_SETTLE_S = 5.0  # the refit pool's process imports for a few seconds after it starts
 SHIFT_POINTS = 24  # jobs sharing a base window start 4 minutes (10-s windows) apart
 
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -95,6 +97,7 @@ class Window:
     install_overlap: bool  # a refit's install_model ran in another thread meanwhile
     method: str | None
     refit_requested: bool
+    since_pool_s: float | None  # seconds since the refit pool's process was started (None: not yet)
 
 
 @dataclass
@@ -195,12 +198,16 @@ def first_models(jobs: list[Job], config: ForecastConfig, workers: int) -> tuple
 
 
 def _fit(history: np.ndarray, config: ForecastConfig) -> tuple[bytes, float]:
+    import pmdarima  # noqa: F401  (loads scipy's and statsmodels' BLAS first: the limit covers loaded ones)
+
     started = time.perf_counter()
     with threadpool_limits(limits=1):
         return fit_model(history, config), time.perf_counter() - started
 
 
 def _update(model: bytes, points: np.ndarray, fit_points: int) -> bytes:
+    import pmdarima  # noqa: F401
+
     with threadpool_limits(limits=1):
         return update_model(model, points, max_points=fit_points)
 
@@ -223,6 +230,7 @@ class Replay:
     phase: str = "setup"
     refit_requests: list[dict[str, Any]] = field(default_factory=list)
     loop_counter: int = 0
+    pool_started_at: float | None = None
 
     async def ticker(self) -> None:
         """Event-loop lag: how late a 10-ms sleep wakes up."""
@@ -236,8 +244,12 @@ class Replay:
 
     async def process(self, job: Job, k: int, loop: int, position: int, arrived: float) -> None:
         started = time.perf_counter()
+        had_pool = self.forecasting._pool is not None
         decision = await self.forecasting.step(job.id, job.point(k), job.time(k, self.step_s), self.config(job))
         done = time.perf_counter()
+        if not had_pool and self.forecasting._pool is not None:
+            # The refit requested by the previous window started the pool's process during this step.
+            self.pool_started_at = started
         if decision.retrain is not None:
             request = {"job": job.id, "phase": self.phase, "requested_at": done, "reason": decision.retrain.reason}
             self.refit_requests.append(request)
@@ -251,6 +263,7 @@ class Replay:
             latency_ms=1000 * (done - arrived), service_ms=1000 * (done - started), compute_ms=1000 * wall,
             compute_cpu_ms=1000 * cpu, install_overlap=self.probe.install_seen, method=decision.method,
             refit_requested=decision.retrain is not None,
+            since_pool_s=None if self.pool_started_at is None else started - self.pool_started_at,
         ))
 
     async def run_phase(self, phase: str, loops: int) -> float:
@@ -391,6 +404,7 @@ async def measure(args: dict[str, Any], jobs: list[Job], models: dict[str, bytes
                 cpu[phase] = {"main_s": round(time.process_time() - before["main"], 2),
                               "redis_s": round(process_cpu_seconds(redis.pid) - before["redis"], 2),
                               "refit_pool_s_since_start": round(sum(process_cpu_seconds(p) for p in pids), 2)}
+            blas = [{k: i.get(k) for k in ("internal_api", "num_threads", "filepath")} for i in threadpool_info()]
             outstanding = len(forecasting.refits)
             refit_tasks = list(forecasting.refits.values())
             for task in refit_tasks:
@@ -399,24 +413,29 @@ async def measure(args: dict[str, Any], jobs: list[Job], models: dict[str, bytes
     finally:
         ticker.cancel()
         pool = forecasting._pool
+        processes = list((pool._processes or {}).values()) if pool is not None else []
         forecasting.close()
-        if pool is not None:
-            await asyncio.to_thread(pool.shutdown, True, cancel_futures=True)
+        for process in processes:  # the benchmark's own refit processes: a fit under way is not waited for
+            process.terminate()
+        for process in processes:
+            process.join(5)
         await knowledge.close()
     phase_b_start = min((r["requested_at"] for r in replay.refit_requests if r["phase"] == "b"), default=math.inf)
     return {"windows": replay.windows, "lags": replay.lags, "refit_requests": replay.refit_requests,
             "installs": [i for i in probe.installs if i["at"] >= phase_b_start], "cpu": cpu,
-            "durations": durations, "outstanding_at_end": outstanding}
+            "durations": durations, "outstanding_at_end": outstanding,
+            "blas": blas}
 
 
 @app.command()
 def main(
     jobs: Annotated[int, typer.Option(help="jobs with a forecast")] = 50,
     refit_jobs: Annotated[int, typer.Option(help="of them, jobs that refit continuously in phase b")] = 10,
-    rounds: Annotated[int, typer.Option(help="loops per phase (every job gets one window per loop)")] = 8,
-    warmup_loops: Annotated[int, typer.Option(help="loops before phase a, not measured")] = 2,
+    rounds: Annotated[int, typer.Option(help="loops per phase (every job gets one window per loop)")] = 12,
+    warmup_loops: Annotated[int, typer.Option(help="loops before phase a, not measured")] = 1,
     interval_s: Annotated[float, typer.Option(
-        help="wall seconds between loops (the agent's loop interval); 0: back to back")] = 10.0,
+        help="wall seconds from one loop's windows to the next's, the agent's loop interval (0: the next loop's "
+             "windows arrive when a loop is done)")] = 10.0,
     refit_workers: Annotated[int, typer.Option(help="processes of the refit pool (Forecasting's default: 1)")] = 1,
     step_s: Annotated[float, typer.Option(help="window length, metric seconds (one trace point per window)")] = 10.0,
     horizon_s: Annotated[float, typer.Option(help="forecast horizon, metric seconds")] = 900.0,
@@ -431,6 +450,8 @@ def main(
     started = dt.datetime.now(dt.UTC)
     wall = time.perf_counter()
     load_at_start = os.getloadavg()
+    # Stopped with SIGTERM, still stop redis-server and the refit processes (the finally blocks).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if refit_jobs >= jobs:
         raise typer.BadParameter("--refit-jobs must leave other jobs to measure")
     total_loops = warmup_loops + 2 * rounds
@@ -439,8 +460,10 @@ def main(
     methodology = (
         f"{jobs} jobs, each replaying a trace ({', '.join(sorted({j.trace for j in job_list}))}; one point per "
         f"{step_s:g}-s window: 5-minute rows {300 / step_s:g}x time-compressed, Daedalus 1-s counts averaged over "
-        f"{step_s:g} s), at evenly spread offsets; each job's model fitted up front on {fit_points} points. Then "
-        f"loops every {interval_s:g} s of wall time: all jobs' windows arrive together and one consumer runs "
+        f"{step_s:g} s), at spread offsets; each job's model fitted up front on {fit_points} points. Then "
+        + (f"loops every {interval_s:g} s of wall time" if interval_s > 0 else
+           "loops back to back (a loop's windows arrive when the previous loop is done)")
+        + ": all jobs' windows arrive together and one consumer runs "
         f"Forecasting.step for each in turn (as the analyze agent's stream). Phase a: {rounds} loops, no refit. "
         f"Phase b: {rounds} loops, {refit_jobs} jobs (every {max(1, jobs // max(1, refit_jobs))}th in the order) ask "
         f"for a refit after every scored loop (wape_threshold {ALWAYS_POOR_WAPE:g}, poor_loops_before_retrain 1), "
@@ -470,6 +493,10 @@ def main(
     own = {p: summarize(windows, p, "service_ms", True) for p in ("a", "b")}
     lags = {p: stats(result["lags"].get(p, [])) for p in ("a", "b")}
     added = {q: lat["b"][q] - lat["a"][q] for q in ("p50", "p99", "max")}
+    settled = stats([w.latency_ms for w in windows if w.phase == "b" and not w.refit_job
+                     and w.since_pool_s is not None and w.since_pool_s > POOL_SETTLE_S])
+    spawn_windows = [w for w in windows if w.phase == "b" and w.since_pool_s is not None
+                     and w.since_pool_s <= POOL_SETTLE_S]
     by_position = position_delay(windows)
     requests_b = [r for r in result["refit_requests"] if r["phase"] == "b"]
     completed = [r for r in requests_b if "done_at" in r and not r.get("cancelled")]
@@ -485,6 +512,13 @@ def main(
                        ("refit jobs' own step", own), ("event-loop lag (10-ms ticker)", lags)):
         for q in ("p50", "p99", "max"):
             table.add_row(f"{name} {q}", fmt(data["a"][q]), fmt(data["b"][q]), signed(data["b"][q] - data["a"][q]))
+    table.add_row(f"latency, b: windows > {POOL_SETTLE_S:g} s after the pool's process started, p99 / max", "",
+                  f"{fmt(settled['p99'])} / {fmt(settled['max'])}",
+                  f"{signed(settled['p99'] - lat['a']['p99'])} / {signed(settled['max'] - lat['a']['max'])}")
+    loop_ms = {p: stats([row["last_done_ms"] for row in per_loop(windows, p)]) for p in ("a", "b")}
+    for q in ("p50", "max"):
+        table.add_row(f"a whole loop ({jobs} jobs' steps) {q}", fmt(loop_ms["a"][q]), fmt(loop_ms["b"][q]),
+                      signed(loop_ms["b"][q] - loop_ms["a"][q]))
     table.add_row("windows measured (other jobs)", str(lat["a"]["n"]), str(lat["b"]["n"]), "")
     table.add_row("refits requested / installed / failed", f"{len(requests_a)} / 0 / 0",
                   f"{len(requests_b)} / {len(fitted)} / {len(result['installs']) - len(fitted)}", "")
@@ -497,7 +531,9 @@ def main(
     console.print(table)
     worst_added = max(added.values())
     verdict = "holds" if worst_added <= FLOOR_MS else "FAILS"
-    console.print(f"  CPUs: {os.cpu_count()}; phase wall time a {result['durations']['a']:.1f} s, b "
+    threads = ", ".join(f"{i['internal_api']} {i['num_threads']}" for i in result["blas"])
+    console.print(f"  CPUs: {os.cpu_count()}; BLAS/OpenMP threads in the agent process: {threads}; phase wall time "
+                  f"a {result['durations']['a']:.1f} s, b "
                   f"{result['durations']['b']:.1f} s; refit request -> installed: "
                   + (f"median {np.median([r['done_at'] - r['requested_at'] for r in completed]):.1f} s"
                      if completed else "none completed"))
@@ -530,9 +566,13 @@ def main(
         "verdict": verdict,
         "added_by_refits_ms": added,
         "added_by_position_ms": by_position,
+        "phase_b_after_pool_start": {"settle_s": POOL_SETTLE_S, "other_jobs_latency_ms": settled,
+                                     "windows_within_settle": len(spawn_windows)},
         "other_jobs": {"latency_ms": lat, "service_ms": svc, "compute_ms": cmp, "compute_cpu_ms": cpu_ms},
         "refit_jobs_service_ms": own,
         "event_loop_lag_ms": lags,
+        "loop_ms": loop_ms,
+        "blas_threads": result["blas"],
         "refits": {"requested_before_b": len(requests_a), "requested_b": len(requests_b),
                    "installed_b": len(fitted), "failed_b": len(result["installs"]) - len(fitted),
                    "outstanding_at_end": result["outstanding_at_end"],
