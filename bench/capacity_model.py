@@ -1,6 +1,6 @@
 """Capacity model against the demo Spark job: estimates from unsaturated windows vs saturation.
 
-  python -m bench.capacity_model                       # scale-outs 1, 2, 4; cost 4 ms (about 12 minutes)
+  python -m bench.capacity_model                       # scale-outs 1, 2, 4; cost 4 ms (about 10-11 minutes)
   python -m bench.capacity_model -p 2 --level-seconds 30 --load 0.2 --load 0.6
 
 For each scale-out p, one run of the demo job (`pipeline.demo:build`, in this process, `local[p]`,
@@ -229,6 +229,7 @@ class ScaleOutResult:
             "ds2_pct": error_pct(self.ds2, self.measured_max),
             "line_at_full_pct": error_pct(self.line_at_full, self.measured_max),
             "line_at_saturation_pct": error_pct(self.line_at_saturation, self.measured_max),
+            "hybrid_pct": error_pct(self.hybrid.get("value"), self.measured_max),
             "batch_model_pct": error_pct(self.batch_model["capacity"] if self.batch_model else None,
                                          self.measured_max),
         }
@@ -413,7 +414,7 @@ def fmt_err(pct: float | None) -> str:
 def render(results: list[ScaleOutResult], unseen: dict[int, dict[str, Any] | None], cost_ms: float) -> None:
     table = Table(title=f"capacity estimates vs measured max throughput, demo job, cost {cost_ms:g} ms (rec/s)")
     for column in ("p", "loads learned", "measured max", "util at max", "regression", "error", "DS2 (rate x p)",
-                   "error", "samples", "final line at u=1", "line at util at max", "batch model"):
+                   "error", "samples", "hybrid view", "final line at u=1", "line at util at max", "batch model"):
         table.add_column(column, justify="right")
     for r in results:
         e = r.errors()
@@ -421,6 +422,7 @@ def render(results: list[ScaleOutResult], unseen: dict[int, dict[str, Any] | Non
             str(r.parallelism), " / ".join(f"{x:,.0f}" for x in r.loads), fmt(r.measured_max),
             fmt(r.drain.get("utilization"), "{:.2f}"),
             fmt(r.regression), fmt_err(e["regression_pct"]), fmt(r.ds2), fmt_err(e["ds2_pct"]), str(r.samples),
+            f"{fmt(r.hybrid.get('value'))} {r.hybrid.get('source') or ''} ({fmt(e['hybrid_pct'], '{:+.1f} %')})",
             f"{fmt(r.line_at_full)} ({fmt(e['line_at_full_pct'], '{:+.1f} %')})",
             f"{fmt(r.line_at_saturation)} ({fmt(e['line_at_saturation_pct'], '{:+.1f} %')})",
             f"{fmt(r.batch_model and r.batch_model['capacity'])} ({fmt(e['batch_model_pct'], '{:+.1f} %')})",
@@ -429,9 +431,12 @@ def render(results: list[ScaleOutResult], unseen: dict[int, dict[str, Any] | Non
     console.print(
         "  regression: the model's estimate at p (learned.capacity.estimate: its decaying average of each learned "
         "window's capacity, the throughput~utilization line at utilization 1); DS2: records per busy second over the "
-        "learned windows x p;\n  final line at u=1: the regression line after the last window, not averaged; "
-        "line at util at max: that line at the utilization measured while draining; batch model (diagnostic): "
-        "batch duration~size line, full batches back to back"
+        "learned windows x p;\n"
+        "  hybrid view: the CapacityView's current capacity after the last learned window (DS2: that window's true "
+        "rate x p, when busy time is reported);\n"
+        "  final line at u=1: the regression line after the last window, not averaged; line at util at max: that "
+        "line at the utilization measured while draining; batch model (diagnostic): batch duration~size line, full "
+        "batches back to back"
     )
     if any(v is not None for v in unseen.values()):
         measured = {r.parallelism: r.measured_max for r in results}

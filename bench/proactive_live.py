@@ -61,10 +61,10 @@ class LiveRun:
         return "\n".join(f"{t:7.1f} {text}" for t, text in sorted(lines))
 
 
-async def _register(settings: Settings, overrides: dict[str, str]) -> None:
+async def _register(settings: Settings, job: str, overrides: dict[str, str]) -> None:
     knowledge = Knowledge(settings)
     try:
-        await knowledge.register_job(JOB, overrides)
+        await knowledge.register_job(job, overrides)
     finally:
         await knowledge.close()
 
@@ -78,6 +78,7 @@ def run_live(
     cost_ms: float = 4.0,
     drain_s: float = 40.0,
     agents_argv: list[str] | None = None,
+    job: str = JOB,
 ) -> LiveRun:
     """Run the job under the load until the load ends plus `drain_s`; collect what was published.
 
@@ -88,7 +89,7 @@ def run_live(
     run = settings.topics.metrics.split(".")[0]
     input_topic, output_topic = f"{run}.demo.input", f"{run}.demo.output"
     ensure_topics(settings, extra=[input_topic, output_topic])
-    asyncio.run(_register(settings, {"max_parallelism": str(max_parallelism), **job_overrides}))
+    asyncio.run(_register(settings, job, {"max_parallelism": str(max_parallelism), **job_overrides}))
     # From the earliest offset: the topics are this run's own, and nothing may be missed.
     follow = Consumer(group_consumer_config(settings.kafka_bootstrap, f"bench-{uuid.uuid4().hex[:8]}", "earliest"))
     follow.subscribe([settings.topics.analyses, settings.topics.decisions, settings.topics.scaling_events])
@@ -96,7 +97,7 @@ def run_live(
     agents = spawn("agents", agents_argv or [py, "-m", "agent", "agents"], workdir / "agents.log", env)
     wait_for_port("127.0.0.1", settings.web_port, timeout=90)
     runner = spawn("runner", [
-        py, "-m", "agent", "job", "run", "--job-id", JOB, "--checkpoint-dir", str(workdir / "job"),
+        py, "-m", "agent", "job", "run", "--job-id", job, "--checkpoint-dir", str(workdir / "job"),
         "--parallelism", "1", "--max-parallelism", str(max_parallelism), "--option", f"cost_ms={cost_ms}",
         "--option", f"input_topic={input_topic}", "--option", f"output_topic={output_topic}",
     ], workdir / "runner.log", env)
@@ -116,7 +117,7 @@ def run_live(
                 item = model.model_validate_json(msg.value())
                 # A consumer that rejoins its group reads again from its last commit: keep each once.
                 key = (msg.topic(), msg.partition(), msg.offset())
-                if item.job_id == JOB and key not in seen:
+                if item.job_id == job and key not in seen:
                     seen.add(key)
                     into.append(item)  # type: ignore[arg-type]
             if drain_until is None and load.poll() is not None:

@@ -179,7 +179,8 @@ def first_models(jobs: list[Job], config: ForecastConfig, workers: int) -> tuple
     started = time.perf_counter()
     bases = sorted({(job.trace, job.base) for job in jobs})
     by_base = {(job.trace, job.base): job for job in jobs}
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
         futures = {key: pool.submit(_fit, by_base[key].values[key[1]:key[1] + by_base[key].fit_points], config)
                    for key in bases}
         fitted = {key: future.result() for key, future in futures.items()}
@@ -192,9 +193,23 @@ def first_models(jobs: list[Job], config: ForecastConfig, workers: int) -> tuple
                                if job.offset > job.base else None)
         models = {job.id: updates[job.id].result() if updates[job.id] else fitted[(job.trace, job.base)][0]
                   for job in jobs}
+    except BaseException:  # interrupted: stop the fits under way instead of waiting for them
+        stop_pool(pool)
+        raise
+    pool.shutdown()
     return models, {"base_fits": len(bases), "fit_wall_s": round(fit_wall, 1),
                     "fit_s": [round(seconds, 2) for _, seconds in fitted.values()],
                     "total_s": round(time.perf_counter() - started, 1)}
+
+
+def stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Stop this benchmark's own pool processes without waiting for the fits under way."""
+    processes = list((pool._processes or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(5)
 
 
 def _fit(history: np.ndarray, config: ForecastConfig) -> tuple[bytes, float]:
@@ -413,12 +428,9 @@ async def measure(args: dict[str, Any], jobs: list[Job], models: dict[str, bytes
     finally:
         ticker.cancel()
         pool = forecasting._pool
-        processes = list((pool._processes or {}).values()) if pool is not None else []
         forecasting.close()
-        for process in processes:  # the benchmark's own refit processes: a fit under way is not waited for
-            process.terminate()
-        for process in processes:
-            process.join(5)
+        if pool is not None:
+            stop_pool(pool)
         await knowledge.close()
     phase_b_start = min((r["requested_at"] for r in replay.refit_requests if r["phase"] == "b"), default=math.inf)
     return {"windows": replay.windows, "lags": replay.lags, "refit_requests": replay.refit_requests,

@@ -91,7 +91,8 @@ def test_demo_job_scales_out_to_ds2_parallelism_keeps_up_scales_in_and_loses_not
         for c in collectors.values():
             c.close()
 
-    events = [ScalingEvent.model_validate_json(v) for _, v, _ in collectors["scaling_events"].records]
+    events = [e for e in (ScalingEvent.model_validate_json(v) for _, v, _ in collectors["scaling_events"].records)
+              if e.job_id == "demo"]
     analyses = [Analysis.model_validate_json(v) for _, v, _ in collectors["analyses"].records]
     analyses = [a for a in analyses if a.job_id == "demo"]
     decisions = [ScalingDecision.model_validate_json(v) for _, v, _ in collectors["decisions"].records]
