@@ -1,0 +1,207 @@
+"""A trace-driven model of a streaming job, fast enough to replay hours of load in a fraction of a second.
+
+Pure: no I/O. The job is a chain of operators; each has a per-instance true processing rate
+(records/s one instance handles while 100 % busy), a selectivity (output records per input record),
+a skew (the busiest instance receives (1 + skew) / p of the operator's input instead of 1 / p) and a
+knee beyond which extra instances add only a fraction of one (non-linear scaling: coordination,
+shared resources). The source has partitions and a backlog.
+
+Two layouts:
+- `fused` (Spark Structured Streaming): one parallelism, every task slot runs the whole chain, so a
+  source record costs each slot the sum over operators of (records reaching it / its rate).
+- per operator (Flink, DS2's setting): each operator has its own parallelism and the slowest one,
+  relative to the records reaching it, bounds the job (backpressure).
+
+Time advances in windows (the agents' loop interval). Within a window the arrival rate and the
+capacity are constant, so the processed records have a closed form: min(backlog + arrivals,
+capacity x running time), which is exact for a constant rate (the backlog drains, then follows the
+arrivals). A rescale stops the job for a restart downtime: nothing is processed, the arrivals pile
+up, the new parallelism is paid from the decision on, and the records processed since the last
+checkpoint are processed again.
+
+The model produces the public `MetricReport`s the Spark reporter would send (`reports`), so the
+project's own monitor, analyze and plan code can be driven by it (see `bench.evaluate`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from agent.contracts import MetricReport, OperatorMetrics, SourceMetrics
+
+
+@dataclass(frozen=True)
+class Operator:
+    name: str
+    rate_per_instance: float  # records/s at 100 % busy, at or below the knee
+    selectivity: float = 1.0
+    skew: float = 0.0
+    knee: int | None = None
+    efficiency_beyond_knee: float = 1.0  # what each instance beyond the knee adds, as a fraction of one
+
+    def __post_init__(self) -> None:
+        if self.rate_per_instance <= 0 or self.selectivity < 0 or self.skew < 0:
+            raise ValueError(f"operator {self.name}: rate must be > 0, selectivity and skew >= 0")
+        if (self.knee is not None and self.knee < 1) or not 0 <= self.efficiency_beyond_knee <= 1:
+            raise ValueError(f"operator {self.name}: knee must be >= 1 and efficiency in [0, 1]")
+
+    def effective_instances(self, p: int) -> float:
+        if self.knee is None or p <= self.knee:
+            return float(p)
+        return self.knee + (p - self.knee) * self.efficiency_beyond_knee
+
+    def instance_rate(self, p: int) -> float:
+        """The true processing rate of one instance at parallelism p, as DS2 measures it."""
+        return self.rate_per_instance * self.effective_instances(p) / p
+
+    def busiest_share(self, p: int) -> float:
+        return 1.0 if p <= 1 else min(1.0, (1.0 + self.skew) / p)
+
+    def capacity(self, p: int) -> float:
+        """Input rate (records/s) at which its busiest instance saturates."""
+        return self.instance_rate(p) / self.busiest_share(p)
+
+
+@dataclass(frozen=True)
+class JobModel:
+    operators: tuple[Operator, ...]
+    fused: bool = True
+    partitions: int = 64
+    splittable: bool = True
+    checkpoint_interval_s: float = 5.0
+    downtime_up_s: float = 20.0
+    downtime_down_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        if not self.operators:
+            raise ValueError("a job needs at least one operator")
+
+    def reaching(self) -> list[float]:
+        """Records reaching each operator per source record (the product of upstream selectivities)."""
+        out, factor = [], 1.0
+        for op in self.operators:
+            out.append(factor)
+            factor *= op.selectivity
+        return out
+
+    def usable(self, p: int) -> int:
+        return p if self.splittable else min(p, self.partitions)
+
+    def slot_seconds_per_record(self, p: int) -> float:
+        """Fused layout: busy slot-seconds one source record costs at parallelism p."""
+        q = self.usable(p)
+        return sum(r / op.instance_rate(q) for r, op in zip(self.reaching(), self.operators, strict=True))
+
+    def capacity(self, parallelism: int | Sequence[int]) -> float:
+        """Source records/s the job sustains: all slots fused, or the bottleneck operator."""
+        if self.fused:
+            p = parallelism if isinstance(parallelism, int) else max(parallelism)
+            q = self.usable(p)
+            skew = max(op.skew for op in self.operators)
+            share = 1.0 if q <= 1 else min(1.0, (1.0 + skew) / q)
+            return 1.0 / (self.slot_seconds_per_record(p) * share)
+        ps = [parallelism] * len(self.operators) if isinstance(parallelism, int) else list(parallelism)
+        return min(op.capacity(self.usable(p)) / r
+                   for op, p, r in zip(self.operators, ps, self.reaching(), strict=True))
+
+    def downtime(self, from_p: int, to_p: int) -> float:
+        return self.downtime_up_s if to_p > from_p else self.downtime_down_s
+
+
+@dataclass
+class JobState:
+    parallelism: list[int]  # one per operator (all equal when fused)
+    backlog: float = 0.0
+    restart_until: float = -math.inf
+    last_rate: float = 0.0  # processing rate of the last window (records/s), for the replay
+    # Accounting over the run.
+    slot_seconds: float = 0.0
+    busy_slot_seconds: float = 0.0
+    processed: float = 0.0
+    arrived: float = 0.0
+    replayed: float = 0.0
+    history: list[tuple[float, int, float, float, float]] = field(default_factory=list)  # t, p, arrival, cap, backlog
+
+    @property
+    def job_parallelism(self) -> int:
+        return max(self.parallelism)
+
+
+@dataclass(frozen=True)
+class WindowOutcome:
+    processed: float
+    running_s: float
+    capacity: float
+    busy_slot_s: float
+
+
+def rescale(model: JobModel, state: JobState, to: int | Sequence[int], at: float) -> float:
+    """Start a rescale at metric time `at`; returns its downtime."""
+    new = [to] * len(state.parallelism) if isinstance(to, int) else list(to)
+    downtime = model.downtime(state.job_parallelism, max(new))
+    # Micro-batches since the last checkpoint are processed again after the restart.
+    since_checkpoint = at % model.checkpoint_interval_s if model.checkpoint_interval_s > 0 else 0.0
+    replay = state.last_rate * since_checkpoint
+    state.backlog += replay
+    state.replayed += replay
+    state.parallelism = new
+    state.restart_until = at + downtime
+    return downtime
+
+
+def advance(model: JobModel, state: JobState, start: float, length_s: float, arrival_rate: float,
+            rate_factor: float = 1.0) -> WindowOutcome:
+    """Process [start, start + length_s) at a constant arrival rate; `rate_factor` scales every
+    instance's rate for this interval (noise: GC pauses, co-located load)."""
+    running = max(0.0, min(length_s, start + length_s - max(start, state.restart_until)))
+    capacity = model.capacity(state.parallelism if not model.fused else state.job_parallelism) * rate_factor
+    arrivals = arrival_rate * length_s
+    processed = min(state.backlog + arrivals, capacity * running)
+    state.backlog += arrivals - processed
+    paid = sum(state.parallelism) if not model.fused else state.job_parallelism
+    if model.fused:
+        busy = processed * model.slot_seconds_per_record(state.job_parallelism) / rate_factor
+    else:
+        busy = sum(processed * r / (op.instance_rate(model.usable(p)) * rate_factor)
+                   for op, p, r in zip(model.operators, state.parallelism, model.reaching(), strict=True))
+    state.slot_seconds += paid * length_s
+    state.busy_slot_seconds += busy
+    state.processed += processed
+    state.arrived += arrivals
+    if running > 0:
+        state.last_rate = processed / running
+    return WindowOutcome(processed, running, capacity, busy)
+
+
+def report(model: JobModel, state: JobState, job_id: str, end: float, outcome: WindowOutcome,
+           arrival_rate: float) -> MetricReport | None:
+    """What the job's reporter sends for an interval ending at `end` (None while it was down)."""
+    if outcome.running_s <= 0:
+        return None
+    p = state.job_parallelism
+    records = round(outcome.processed)
+    reaching = model.reaching()
+    out_factor = reaching[-1] * model.operators[-1].selectivity
+    operators = []
+    if not model.fused:
+        previous: list[str] = []
+        for op, q, r in zip(model.operators, state.parallelism, reaching, strict=True):
+            rec_in = round(outcome.processed * r)
+            operators.append(OperatorMetrics(
+                operator_id=op.name, upstream=previous, parallelism=q, records_in=rec_in,
+                records_out=round(rec_in * op.selectivity),
+                busy_time_s=rec_in / op.instance_rate(model.usable(q)) if rec_in else 0.0,
+                arrival_rate=arrival_rate if not previous else None,
+            ))
+            previous = [op.name]
+    utilization = min(1.0, outcome.busy_slot_s / (p * outcome.running_s))
+    return MetricReport(
+        job_id=job_id, timestamp=end, interval_s=outcome.running_s, parallelism=p, records_in=records,
+        records_out=round(outcome.processed * out_factor), busy_time_s=outcome.busy_slot_s,
+        cpu_utilization=utilization,
+        source=SourceMetrics(arrival_rate=arrival_rate, backlog=round(state.backlog), partitions=model.partitions,
+                             splittable=model.splittable),
+        operators=operators,
+    )
