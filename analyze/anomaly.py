@@ -12,6 +12,10 @@ recovery time is that time minus the rescale's start. With k = 1 about a third o
 fall outside the band, so a single normal point would end a recovery too early, and one outside
 point within a streak restarts it.
 
+When the backlog is reported, a normal point must also have drained it to at most
+`backlog_tolerance_s` seconds of arrivals: a job that only keeps pace with its arrivals after a
+restart (lag rate in the band) while a large backlog stays is not back to normal.
+
 Until `min_normal_samples` normal points have been seen there is no band to judge by; then a
 point is normal when the backlog is at most `backlog_tolerance_s` seconds of arrivals, or, when
 the backlog is unknown, when the throughput keeps up (lag rate <= 0). Without the backlog that
@@ -71,11 +75,13 @@ class RecoveryDetector:
 
     def is_normal(self, arrival_rate: float, throughput: float, backlog: float | None = None) -> bool:
         lag_rate = arrival_rate - throughput
+        drained = backlog is None or backlog <= arrival_rate * self.backlog_tolerance_s
         if self.judge == "statistical":
             band = self.k * max(self.normal.std(sample=True), self.min_std)
-            return abs(lag_rate - self.normal.mean) <= band
+            # A job that keeps pace but never works off its backlog is not back to normal.
+            return abs(lag_rate - self.normal.mean) <= band and drained
         if backlog is not None:
-            return backlog <= arrival_rate * self.backlog_tolerance_s
+            return drained
         return lag_rate <= 0
 
     def observe(self, at: float, arrival_rate: float, throughput: float, backlog: float | None = None) -> float | None:

@@ -207,6 +207,18 @@ def test_recovery_points_do_not_teach_the_normal_band() -> None:
     assert detector.normal.mean == pytest.approx(0.0)
 
 
+def test_keeping_pace_with_a_backlog_that_stays_is_not_a_recovery() -> None:
+    detector = trained_detector()
+    detector.start_recovery(200.0)
+    # Throughput matches the arrivals (lag rate in the band) but 80,000 records stay queued.
+    for t in (240.0, 250.0, 260.0, 270.0, 280.0):
+        assert detector.observe(t, 600.0, 600.0, backlog=80_000) is None
+    assert detector.recovering
+    for t, backlog in ((290.0, 70_000), (300.0, 5_000), (310.0, 4_000)):
+        assert detector.observe(t, 600.0, 603.0 if backlog > 6_000 else 598.0, backlog=backlog) is None
+    assert detector.observe(320.0, 600.0, 601.0, backlog=3_000) == pytest.approx(100.0)  # normal from 300 s
+
+
 def test_fallback_before_enough_normal_samples_uses_the_backlog() -> None:
     detector = RecoveryDetector(min_normal_samples=10, backlog_tolerance_s=10.0)
     for i in range(3):
