@@ -210,7 +210,8 @@ def policy_plan(
     """The job's policy; a proactive one that cannot decide yet falls back to DS2 and says why."""
     if not config.policy.proactive:
         return plan_ds2(analysis, config, restart_time_s=restart_time_s)
-    last = state.get("last_rescale_at")
+    # Metric time of plan's own last rescale decision: execute's `last_rescale_at` is wall time.
+    last = state.get("rescale_decided_at")
     since = None if last is None else analysis.window_end - float(last)
     plan, why_not = plan_proactive(analysis, config, downtimes, since)
     if plan is not None:
@@ -332,7 +333,7 @@ def guarded_plan(
         updates["pending_recovery"] = {"from": current, "to": plan.to_parallelism, "predicted_s": predicted,
                                        "window_end": now}
         if config.mode is Mode.AUTO:  # a recommendation does not restart the job
-            updates["last_rescale_at"] = now
+            updates["rescale_decided_at"] = now
     if plan.action is Action.SCALE_UP:
         # Judge the scale-up by the first settled window at the new parallelism.
         updates["scale_up_check"] = {"from": current, "to": plan.to_parallelism,
