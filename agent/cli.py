@@ -41,6 +41,12 @@ def _mount_optional() -> None:
         app.add_typer(loadgen_app, name="load", help="Replay a load shape or trace into a topic.")
     except ImportError:
         pass
+    try:
+        from bench.evaluate import bench_app
+
+        app.add_typer(bench_app, name="bench", help="The evaluation suite: policies against traces and an oracle.")
+    except ImportError:
+        pass
 
 
 # ---------------------------------------------------------------- agents

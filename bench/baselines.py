@@ -76,13 +76,15 @@ class OurPolicy:
     updates merged into `state` (through JSON, as Redis stores them). After a rescale completes:
     `expected_parallelism`, `stale_budget` (3), `parallelism` and `last_rescale_at`, as execute sets
     them, and the measured downtime; the restart time is estimated from the recent downtimes as the
-    plan agent does (None before the first)."""
+    plan agent does (None before the first), and the proactive policies get them per direction."""
 
     def __init__(self, config: JobConfig, name: str = "ours") -> None:
         self.name = name
         self.config = config
         self.state: dict[str, Any] = {}
         self.downtimes: list[float] = []
+        self.by_direction: dict[str, list[float]] = {"up": [], "down": []}
+        self.parallelism: int | None = None
         self.reasons: Counter[str] = Counter()
 
     def restart_time_s(self) -> float | None:
@@ -91,7 +93,9 @@ class OurPolicy:
             if recent else None
 
     def decide(self, analysis: Analysis, *, rescaling: bool) -> int | None:
-        plan, updates = guarded_plan(analysis, self.config, self.state, rescaling, self.restart_time_s())
+        self.parallelism = analysis.parallelism
+        plan, updates = guarded_plan(analysis, self.config, self.state, rescaling, self.restart_time_s(),
+                                     downtimes=self.by_direction)
         self._store(updates)
         self.reasons[plan.reason.code] += 1
         if plan.action is Action.NONE or plan.to_parallelism == analysis.parallelism:
@@ -104,6 +108,9 @@ class OurPolicy:
             "stale_budget": STALE_WINDOW_BUDGET, "last_rescale_at": completed_at,
         })
         self.downtimes.append(downtime_s)
+        up = self.parallelism is None or to_parallelism > self.parallelism
+        self.by_direction["up" if up else "down"].append(downtime_s)
+        self.by_direction = {k: v[-RESTART_HISTORY:] for k, v in self.by_direction.items()}
 
     def _store(self, updates: dict[str, Any]) -> None:
         # Knowledge stores each field as JSON; the round trip keeps the planner's view identical.
