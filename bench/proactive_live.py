@@ -4,7 +4,7 @@ and each rescale's predicted recovery time beside the one anomaly detection obse
 Starts its own broker and Redis, the four agents, the job (local Spark) and the load generator.
 
   python -m bench.proactive_live --policy hybrid
-      steps that force rescales both ways (about 11 minutes); a table of predicted vs observed
+      steps that force rescales both ways (about 17 minutes); a table of predicted vs observed
       recovery per rescale, the median absolute error, and JSON under bench/results/
 """
 
@@ -33,8 +33,10 @@ from knowledge.store import Knowledge
 
 JOB = "demo"
 RESULTS = Path(__file__).parent / "results"
-# Rescales both ways: the demo job carries about 200 rec/s per slot at cost_ms=4.
-DEFAULT_STEPS = "steps:120:60,520:80,150:80,760:80,260:80,600:80,150:80,700:80"
+# Rescales both ways: the demo job carries about 228 rec/s per slot at cost_ms=4. Each level lasts
+# longer than a restart plus a recovery, so every rescale's recovery can be observed before the next.
+# At most 4 slots: on 2 cores, local Spark with more Python workers starves the agents and the load.
+DEFAULT_STEPS = "steps:100:60,400:150,100:150,450:150,150:150,380:150,100:150"
 
 
 @dataclass
@@ -167,7 +169,7 @@ def main(
                  "forecast_horizon_s": "60", "forecast_min_points": "20", "checkpoint_interval_s": "5"}
     started = time.time()
     try:
-        run = run_live(settings, workdir, ["--shape", shape], overrides, cost_ms=cost_ms)
+        run = run_live(settings, workdir, ["--shape", shape], overrides, max_parallelism=4, cost_ms=cost_ms)
     finally:
         stop_pid(broker.process.pid, process=broker.process)
         stop_pid(redis.process.pid, process=redis.process)
