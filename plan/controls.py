@@ -323,12 +323,17 @@ def guarded_plan(
     plan, delay_updates = apply_delayed_scale_down(plan, current, now, state, config)
     updates |= delay_updates
     if plan.action is not Action.NONE:
-        # The policy's own prediction when the controls kept its choice; else the same model for
-        # the parallelism that will run.
-        predicted = plan.reason.numbers.get("predicted_recovery_s")
-        if predicted is None or plan.reason.numbers.get("chosen") != plan.to_parallelism:
-            predicted = predicted_recovery_s(rates, config, plan.to_parallelism, downtimes or {})
-        reason = plan.reason.model_copy(update={"numbers": {**plan.reason.numbers, "predicted_recovery_s": predicted}})
+        # The recovery to expect for the parallelism that will run, ending where the detector will
+        # call it over (the backlog tolerance). A proactive policy plans with a worst case (drained
+        # to zero): kept beside it as `planned_recovery_s`.
+        planned = plan.reason.numbers.get("predicted_recovery_s")
+        predicted = predicted_recovery_s(rates, config, plan.to_parallelism, downtimes or {})
+        if predicted is None and plan.reason.numbers.get("chosen") == plan.to_parallelism:
+            predicted = planned
+        numbers = {**plan.reason.numbers, "predicted_recovery_s": predicted}
+        if planned is not None:
+            numbers["planned_recovery_s"] = planned
+        reason = plan.reason.model_copy(update={"numbers": numbers})
         plan = replace(plan, reason=reason)
         updates["pending_recovery"] = {"from": current, "to": plan.to_parallelism, "predicted_s": predicted,
                                        "window_end": now}

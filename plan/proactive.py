@@ -79,6 +79,11 @@ def plan_proactive(
     return Plan(direction(current, to), to, reason, recommended=to), ""
 
 
+def caught_up_records(analysis: Analysis, config: JobConfig) -> float:
+    """The backlog at which a recovery is over: the tolerance the recovery detector judges by."""
+    return config.backlog_tolerance_s * (analysis.arrival_rate or 0.0)
+
+
 def predicted_recovery_s(
     analysis: Analysis, config: JobConfig, to: int, downtimes: Mapping[str, Sequence[float]]
 ) -> float | None:
@@ -102,7 +107,8 @@ def predicted_recovery_s(
     downtime = up if to > analysis.parallelism else down
     prediction = predict_recovery(capacity_of(to), values, step_s, float(analysis.backlog or 0), downtime,
                                   replay_records(config.checkpoint_interval_s, analysis.arrival_rate),
-                                  beyond_horizon_s=max(0.0, 10 * config.target_recovery_s - len(values) * step_s))
+                                  beyond_horizon_s=max(0.0, 10 * config.target_recovery_s - len(values) * step_s),
+                                  caught_up_records=caught_up_records(analysis, config))
     return prediction.seconds if math.isfinite(prediction.seconds) else None
 
 

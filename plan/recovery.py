@@ -88,21 +88,26 @@ def predict_recovery(
     downtime_s: float,
     replay_records: float,
     beyond_horizon_s: float = 0.0,
+    caught_up_records: float = 0.0,
 ) -> RecoveryPrediction:
-    """Recovery of a scale-out with `capacity` records/s (see the module docstring)."""
+    """Recovery of a scale-out with `capacity` records/s (see the module docstring). The job counts
+    as caught up once at most `caught_up_records` are left: the backlog the recovery detector and
+    the scale-down control call normal (their tolerance), so prediction and observation agree on
+    what "recovered" means."""
     _check_forecast(forecast, step_s)
     capacity = _non_negative("capacity", capacity)
     backlog = _non_negative("backlog", backlog)
     downtime_s = _non_negative("downtime_s", downtime_s)
     replay = _non_negative("replay_records", replay_records)
     beyond_horizon_s = _non_negative("beyond_horizon_s", beyond_horizon_s)
+    caught_up = _non_negative("caught_up_records", caught_up_records)
     during_downtime = integrate_forecast(forecast, step_s, 0.0, downtime_s)
     accumulated = replay + backlog + during_downtime
 
     def result(seconds: float) -> RecoveryPrediction:
         return RecoveryPrediction(seconds, accumulated, replay, during_downtime, backlog, downtime_s)
 
-    remaining, t = accumulated, downtime_s
+    remaining, t = accumulated - caught_up, downtime_s
     if remaining <= 0:
         return result(t)
     limit = len(forecast) * step_s + beyond_horizon_s
@@ -201,6 +206,7 @@ def choose_scale_out(
     loop_s: float = 60.0,
     scale_in_drain_s: float = 60.0,
     recovery_search_s: float | None = None,
+    caught_up_records: float = 0.0,
 ) -> Choice:
     """Daedalus's Algorithm 1: the smallest scale-out that keeps up and recovers in time.
 
@@ -240,7 +246,8 @@ def choose_scale_out(
         # The current scale-out recovers from a failure: assume the longer restart.
         downtime = (downtime_up if p > current else downtime_down if p < current
                     else max(downtime_up, downtime_down))
-        return predict_recovery(capacity, forecast, step_s, backlog, downtime, checkpoint_replay_records, beyond)
+        return predict_recovery(capacity, forecast, step_s, backlog, downtime, checkpoint_replay_records, beyond,
+                                caught_up_records)
 
     def chosen(p: int, capacity: float, code: ChoiceCode, message: str, rejected: dict[int, str]) -> Choice:
         predicted = recovery(p, capacity)

@@ -183,9 +183,12 @@ def test_every_rescale_carries_its_predicted_recovery_and_the_recovery_is_compar
 
 
 def test_ds2_rescales_are_predicted_with_ds2_capacity_and_a_flat_forecast() -> None:
-    # 5 slots x 100 rec/s = 500 rec/s, 150 spare over 350 arriving; 20 s down: 7,000 records -> 20 + 46.7 s.
+    # 5 slots x 100 rec/s = 500 rec/s, 150 spare over 350 arriving; 20 s down: 7,000 records, over
+    # once 10 s of arrivals (3,500, the detector's tolerance) are left -> 20 + 23.3 s.
     value = predicted_recovery_s(analysis(), cfg(policy="ds2"), 5, {})
-    assert value == pytest.approx(20 + 350 * 20 / 150, rel=1e-6)
+    assert value == pytest.approx(20 + (350 * 20 - 3500) / 150, rel=1e-6)
+    assert predicted_recovery_s(analysis(), cfg(policy="ds2", backlog_tolerance_s=0), 5, {}) == pytest.approx(
+        20 + 350 * 20 / 150, rel=1e-6)
 
 
 @settings(max_examples=60, deadline=None)

@@ -35,6 +35,17 @@ def test_recovery_time_by_hand() -> None:
     assert predicted.seconds == pytest.approx(30.0 + 110.0)
 
 
+def test_recovery_ends_at_the_backlog_the_detector_calls_normal() -> None:
+    # As above, but caught up at 10 s of arrivals (6000 records) left: 38000 to drain, 95 s.
+    predicted = predict_recovery(1000.0, [600.0] * 900, 1.0, backlog=20_000, downtime_s=30.0,
+                                 replay_records=6000.0, caught_up_records=6000.0)
+    assert predicted.seconds == pytest.approx(30.0 + 95.0)
+    # A short restart whose backlog stays within the tolerance is over when the job is back.
+    short = predict_recovery(1000.0, [100.0] * 900, 1.0, backlog=0, downtime_s=9.0, replay_records=50.0,
+                             caught_up_records=1000.0)
+    assert short.seconds == pytest.approx(9.0)
+
+
 def test_recovery_integrates_a_changing_forecast_step_by_step() -> None:
     forecast = [500.0, 900.0, 500.0]  # 10 s steps
     # Down 5 s at 500 rec/s: 2500 records, +1000 backlog = 3500. 5-10 s: spare 500 x 5 = 2500;
