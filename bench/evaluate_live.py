@@ -41,7 +41,7 @@ from bench.proactive_live import LiveRun, run_live
 from knowledge.jobs import Policy as JobPolicy
 
 if TYPE_CHECKING:
-    from bench.evaluate import EvalSettings
+    from bench.evaluate import EvalSettings, Trace
 
 LOW_FRACTION = 0.125
 COMPARED = ("slot_seconds", "beyond_target_s", "lag_p95_s", "actions")
@@ -68,6 +68,20 @@ def live_measures(run: LiveRun, backlog_target_s: float, initial_parallelism: in
             "lag_max_s": float(lags.max()), "actions": len(run.of(EventType.COMPLETED)),
             "failed": len(run.of(EventType.FAILED)), "windows": len(windows), "span_s": end - begin,
             "downtimes_s": [e.downtime_s for e in run.of(EventType.COMPLETED)]}
+
+
+def simulated_replay(trace_name: str, policy: str, settings: EvalSettings, minutes: float,
+                     trace_hours: float) -> tuple[Trace, dict[str, Any]]:
+    """The simulator's run of the replay `run_live_evaluation` sends to the real job."""
+    replay_s = minutes * 60
+    rows = math.ceil(trace_hours * 3600 / NATIVE_ROW_SECONDS[trace_name])
+    trace = load_trace(trace_name, replay_s / 3600, settings.peak, LOW_FRACTION, row_seconds=replay_s / rows)
+    config = eval_config(settings).model_copy(
+        update={"policy": JobPolicy("ds2" if policy in ("ours", "ds2") else policy)})
+    forecasts = forecast_stream(trace, config) if policy in PROACTIVE else None
+    run = simulate(trace, demo_model(), make_policy(policy, config, settings.max_parallelism), config, 1,
+                   settings.backlog_target_s, forecasts)
+    return trace, run.summary()
 
 
 def run_live_evaluation(console: Console, trace_name: str, policy: str, settings: EvalSettings, minutes: float,
@@ -102,12 +116,7 @@ def run_live_evaluation(console: Console, trace_name: str, policy: str, settings
         stop_pid(broker.process.pid, process=broker.process)
         stop_pid(redis.process.pid, process=redis.process)
     live = live_measures(run, settings.backlog_target_s)
-
-    trace = load_trace(trace_name, replay_s / 3600, peak, LOW_FRACTION, row_seconds=row_s)
-    config = eval_config(settings).model_copy(update={"policy": JobPolicy(overrides["policy"])})
-    forecasts = forecast_stream(trace, config) if policy in PROACTIVE else None
-    simulated = simulate(trace, demo_model(), make_policy(policy, config, settings.max_parallelism), config, 1,
-                         settings.backlog_target_s, forecasts).summary()
+    trace, simulated = simulated_replay(trace_name, policy, settings, minutes, trace_hours)
 
     table = Table(title=f"{trace.description}: live against simulated (policy {policy})", title_justify="left")
     for column in ("measure", "live", "simulated", "difference"):
