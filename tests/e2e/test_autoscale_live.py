@@ -8,6 +8,7 @@ records/s need one.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -117,7 +118,16 @@ def test_demo_job_scales_out_to_ds2_parallelism_keeps_up_scales_in_and_loses_not
     assert 1 <= len(actions_under_high_load) <= 2, timeline
     settled_at = actions_under_high_load[-1].timestamp
     final = actions_under_high_load[-1].to_parallelism
-    assert final == EXPECTED_SLOTS, timeline
+    # DS2's one-step parallelism for what the decision saw: 4 slots carry 560 rec/s at 70 % of about
+    # 215 rec/s per slot; a slow Spark start leaves a backlog whose catch-up can make it 5.
+    decided = [d for d in decisions if d.job_id == "demo" and d.action.value == "scale_up"
+               and d.timestamp < high_end]
+    assert decided, timeline
+    numbers = decided[-1].reason.numbers
+    one_step = math.ceil(float(numbers["target_rate"]) / (float(numbers["true_processing_rate_per_slot"]) * 0.7)
+                         - 1e-9)
+    assert final == decided[-1].to_parallelism == one_step, timeline
+    assert EXPECTED_SLOTS <= final <= EXPECTED_SLOTS + 1, timeline
     assert ups, timeline
     # ... and keeps up: once settled, the backlog stops growing for the rest of the high phase.
     settled = [a for a in analyses
