@@ -22,8 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agent.contracts import EventType
-from agent.processes import free_port, start_broker, start_redis, stop_pid
-from agent.settings import Settings, Topics
+from agent.processes import start_broker, start_redis, stop_pid
 from bench.evaluate import (
     NATIVE_ROW_SECONDS,
     PROACTIVE,
@@ -37,7 +36,7 @@ from bench.evaluate import (
     make_policy,
     simulate,
 )
-from bench.proactive_live import LiveRun, run_live
+from bench.proactive_live import LiveRun, isolated_settings, run_live
 from knowledge.jobs import Policy as JobPolicy
 
 if TYPE_CHECKING:
@@ -99,11 +98,8 @@ def run_live_evaluation(console: Console, trace_name: str, policy: str, settings
     workdir = Path(tempfile.mkdtemp(prefix="evaluate-live-"))
     broker, redis = start_broker(log_path=workdir / "broker.log"), start_redis(log_path=workdir / "redis.log")
     run_id = uuid.uuid4().hex[:6]
-    live_settings = Settings(
-        kafka_bootstrap=f"127.0.0.1:{broker.port}", redis_url=f"redis://127.0.0.1:{redis.port}/0",
-        topics=Topics(**{k: f"e{run_id}.{v}" for k, v in Topics().model_dump().items()}),
-        app_id=f"evaluate-{run_id}", web_port=free_port(), loop_interval_s=WINDOW_S, topic_partitions=4,
-    )
+    live_settings = isolated_settings(broker.port, redis.port, f"e{run_id}", f"evaluate-{run_id}",
+                                      loop_interval_s=WINDOW_S)
     load_args = ["--trace", str(TRACES / TRACE_FILES[trace_name]), "--seconds-per-row", f"{row_s:.6f}",
                  "--rows", str(rows), "--low", f"{LOW_FRACTION * peak:.3f}", "--high", f"{peak:.3f}"]
     console.print(f"live: {trace_hours:g} h of {trace_name} in {minutes:g} min ({native / row_s:.0f}x), "

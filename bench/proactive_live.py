@@ -64,6 +64,16 @@ class LiveRun:
         return "\n".join(f"{t:7.1f} {text}" for t, text in sorted(lines))
 
 
+def isolated_settings(broker_port: int, redis_port: int, topic_prefix: str, app_id: str,
+                      loop_interval_s: float) -> Settings:
+    """Settings for a live benchmark's own broker and Redis, with topics of its own (`<prefix>.<topic>`)."""
+    return Settings(
+        kafka_bootstrap=f"127.0.0.1:{broker_port}", redis_url=f"redis://127.0.0.1:{redis_port}/0",
+        topics=Topics(**{k: f"{topic_prefix}.{v}" for k, v in Topics().model_dump().items()}),
+        app_id=app_id, web_port=free_port(), loop_interval_s=loop_interval_s, topic_partitions=4,
+    )
+
+
 async def _register(settings: Settings, job: str, overrides: dict[str, str]) -> None:
     knowledge = Knowledge(settings)
     try:
@@ -161,11 +171,7 @@ def main(
     workdir = Path(tempfile.mkdtemp(prefix="proactive-live-"))
     broker, redis = start_broker(log_path=workdir / "broker.log"), start_redis(log_path=workdir / "redis.log")
     run_id = uuid.uuid4().hex[:6]
-    settings = Settings(
-        kafka_bootstrap=f"127.0.0.1:{broker.port}", redis_url=f"redis://127.0.0.1:{redis.port}/0",
-        topics=Topics(**{k: f"b{run_id}.{v}" for k, v in Topics().model_dump().items()}),
-        app_id=f"bench-{run_id}", web_port=free_port(), loop_interval_s=5.0, topic_partitions=4,
-    )
+    settings = isolated_settings(broker.port, redis.port, f"b{run_id}", f"bench-{run_id}", loop_interval_s=5.0)
     overrides = {"policy": policy, "restart_time_s": "20", "scale_down_delay_s": "20", "target_recovery_s": "60",
                  "forecast_horizon_s": "60", "forecast_min_points": "20", "checkpoint_interval_s": "5"}
     started = time.time()

@@ -105,3 +105,13 @@ def test_live_runs_are_measured_as_simulated_ones() -> None:
     assert measured["beyond_target_s"] == 20.0  # two windows with 90 s of arrivals queued
     assert measured["actions"] == 1
     assert measured["lag_max_s"] == pytest.approx(90.0)
+
+
+def test_live_benchmarks_get_topics_of_their_own() -> None:
+    from bench.proactive_live import isolated_settings
+
+    settings = isolated_settings(9092, 6380, "e1a2b3", "evaluate-1a2b3", loop_interval_s=10.0)
+    assert settings.kafka_bootstrap == "127.0.0.1:9092"
+    assert settings.redis_url == "redis://127.0.0.1:6380/0"
+    assert settings.topics.metrics.startswith("e1a2b3.") and settings.topics.decisions.startswith("e1a2b3.")
+    assert (settings.app_id, settings.loop_interval_s, settings.topic_partitions) == ("evaluate-1a2b3", 10.0, 4)
