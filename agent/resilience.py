@@ -9,6 +9,9 @@ from typing import TypeVar
 
 import redis.exceptions
 
+from agent.security import redact
+from agent.settings import Settings, get_settings
+
 T = TypeVar("T")
 log = logging.getLogger("autoscaler")
 
@@ -16,11 +19,17 @@ TRANSIENT = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, Co
 
 
 async def until_done(
-    work: Callable[[], Awaitable[T]], what: str, first_delay: float = 0.2, max_delay: float = 5.0
+    work: Callable[[], Awaitable[T]],
+    what: str,
+    first_delay: float = 0.2,
+    max_delay: float = 5.0,
+    settings: Settings | None = None,
 ) -> T:
     """Run `work` until it succeeds, backing off while knowledge (Redis) is unreachable.
 
-    The stream does not advance meanwhile, so no record is lost; the worker reports itself degraded."""
+    The stream does not advance meanwhile, so no record is lost; the worker reports itself degraded.
+    The logged error is redacted with `settings`' secrets (default: the process's settings, which
+    are the agents' own)."""
     delay = first_delay
     degraded = False
     while True:
@@ -28,7 +37,8 @@ async def until_done(
             result = await work()
         except TRANSIENT as exc:
             if not degraded:
-                log.warning("degraded: %s waits for knowledge (Redis): %s", what, exc)
+                error = redact(str(exc), settings or get_settings())
+                log.warning("degraded: %s waits for knowledge (Redis): %s", what, error)
                 degraded = True
             await asyncio.sleep(delay)
             delay = min(delay * 2, max_delay)

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+KafkaSecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+KafkaSaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+# The job entry points shipped in this repository; `autoscaler job run` starts no other unless
+# AUTOSCALER_JOB_ENTRY_POINTS lists it.
+DEFAULT_JOB_ENTRY_POINTS = ("pipeline.demo:build",)
 
 
 class Topics(BaseModel):
@@ -25,7 +35,10 @@ class Topics(BaseModel):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="AUTOSCALER_", env_nested_delimiter="__", extra="ignore")
+    # hide_input_in_errors: a validation error would otherwise print the raw input, secrets included.
+    model_config = SettingsConfigDict(
+        env_prefix="AUTOSCALER_", env_nested_delimiter="__", extra="ignore", hide_input_in_errors=True
+    )
 
     kafka_bootstrap: str = "127.0.0.1:9092"
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -62,6 +75,113 @@ class Settings(BaseSettings):
     web_port: int = Field(6066, description="Faust web port; /metrics serves Prometheus metrics.")
     log_level: str = "info"
 
+    # Kafka security (confluent-kafka and Faust clients). PLAINTEXT, no auth: today's default.
+    kafka_security_protocol: KafkaSecurityProtocol = "PLAINTEXT"
+    kafka_sasl_mechanism: KafkaSaslMechanism = "PLAIN"
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_ca_file: str | None = Field(None, description="PEM CA bundle that signs the brokers' certificates.")
+    kafka_ssl_cert_file: str | None = Field(None, description="PEM client certificate (mutual TLS).")
+    kafka_ssl_key_file: str | None = Field(None, description="PEM private key of the client certificate.")
+    kafka_ssl_key_password: SecretStr | None = None
+
+    # Redis security. A password or user in AUTOSCALER_REDIS_URL also works; these keep it out of the URL.
+    redis_username: str | None = Field(None, description="Redis ACL user; default: the `default` user.")
+    redis_password: SecretStr | None = None
+    redis_tls: bool = Field(False, description="TLS to Redis; also on with a rediss:// URL.")
+    redis_tls_ca_file: str | None = None
+    redis_tls_cert_file: str | None = None
+    redis_tls_key_file: str | None = None
+
+    job_entry_points: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(DEFAULT_JOB_ENTRY_POINTS),
+        description="module:function job entry points `autoscaler job run` may start (comma-separated or JSON).",
+    )
+
+    @field_validator("kafka_sasl_password", "kafka_ssl_key_password", "redis_password", mode="before")
+    @classmethod
+    def _empty_secret_is_unset(cls, value: Any) -> Any:
+        # An empty env var means "no secret", not an empty password.
+        if value == "" or (isinstance(value, SecretStr) and not value.get_secret_value()):
+            return None
+        return value
+
+    @field_validator(
+        "kafka_sasl_username", "kafka_ssl_ca_file", "kafka_ssl_cert_file", "kafka_ssl_key_file",
+        "redis_username", "redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file", mode="before",
+    )
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    @field_validator("job_entry_points", mode="before")
+    @classmethod
+    def _parse_entry_points(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("job_entry_points")
+    @classmethod
+    def _entry_points_are_module_function(cls, value: list[str]) -> list[str]:
+        for spec in value:
+            module_name, sep, attr = spec.partition(":")
+            if not sep or not module_name or not attr:
+                raise ValueError(f"AUTOSCALER_JOB_ENTRY_POINTS: {spec!r} is not module:function")
+        return value
+
+    @model_validator(mode="after")
+    def _security_is_consistent(self) -> Settings:
+        # Messages name settings, never values: they end up in logs.
+        protocol = self.kafka_security_protocol
+        sasl = protocol.startswith("SASL_")
+        tls = protocol in ("SSL", "SASL_SSL")
+        if sasl and (not self.kafka_sasl_username or self.kafka_sasl_password is None):
+            raise ValueError(
+                f"AUTOSCALER_KAFKA_SECURITY_PROTOCOL={protocol} needs AUTOSCALER_KAFKA_SASL_USERNAME "
+                "and AUTOSCALER_KAFKA_SASL_PASSWORD"
+            )
+        if not sasl and (self.kafka_sasl_username or self.kafka_sasl_password is not None):
+            raise ValueError(
+                "AUTOSCALER_KAFKA_SASL_USERNAME/PASSWORD are set but AUTOSCALER_KAFKA_SECURITY_PROTOCOL is "
+                f"{protocol}; use SASL_PLAINTEXT or SASL_SSL"
+            )
+        ssl_files = (self.kafka_ssl_ca_file, self.kafka_ssl_cert_file, self.kafka_ssl_key_file,
+                     self.kafka_ssl_key_password)
+        if not tls and any(f is not None for f in ssl_files):
+            raise ValueError(
+                f"AUTOSCALER_KAFKA_SSL_* are set but AUTOSCALER_KAFKA_SECURITY_PROTOCOL is {protocol}; "
+                "use SSL or SASL_SSL"
+            )
+        if (self.kafka_ssl_cert_file is None) != (self.kafka_ssl_key_file is None):
+            raise ValueError("AUTOSCALER_KAFKA_SSL_CERT_FILE and AUTOSCALER_KAFKA_SSL_KEY_FILE go together")
+        if self.kafka_ssl_key_password is not None and self.kafka_ssl_key_file is None:
+            raise ValueError("AUTOSCALER_KAFKA_SSL_KEY_PASSWORD needs AUTOSCALER_KAFKA_SSL_KEY_FILE")
+
+        url = urlsplit(self.redis_url)
+        if url.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("AUTOSCALER_REDIS_URL must be a redis://, rediss:// or unix:// URL")
+        if self.redis_password is not None and url.password:
+            raise ValueError("give the Redis password in AUTOSCALER_REDIS_URL or AUTOSCALER_REDIS_PASSWORD, not both")
+        if self.redis_username and self.redis_password is None and not url.password:
+            raise ValueError("AUTOSCALER_REDIS_USERNAME needs a password (AUTOSCALER_REDIS_PASSWORD)")
+        if not self.redis_uses_tls and any(
+            f is not None for f in (self.redis_tls_ca_file, self.redis_tls_cert_file, self.redis_tls_key_file)
+        ):
+            raise ValueError("AUTOSCALER_REDIS_TLS_* files are set but TLS is off: set AUTOSCALER_REDIS_TLS=true")
+        if self.redis_tls and url.scheme == "unix":
+            raise ValueError("AUTOSCALER_REDIS_TLS needs a redis:// or rediss:// URL, not a unix socket")
+        if (self.redis_tls_cert_file is None) != (self.redis_tls_key_file is None):
+            raise ValueError("AUTOSCALER_REDIS_TLS_CERT_FILE and AUTOSCALER_REDIS_TLS_KEY_FILE go together")
+        return self
+
+    @property
+    def redis_uses_tls(self) -> bool:
+        return self.redis_tls or self.redis_url.startswith("rediss://")
+
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
@@ -81,4 +201,29 @@ def settings_env(settings: Settings) -> dict[str, str]:
     }
     for name, topic in settings.topics.model_dump().items():
         env[f"AUTOSCALER_TOPICS__{name.upper()}"] = topic
+    # Security settings only when set, so a child keeps today's defaults otherwise. Secrets go by
+    # environment: not on the command line, where any user could read them in the process list.
+    optional: dict[str, str | SecretStr | None] = {
+        "KAFKA_SASL_USERNAME": settings.kafka_sasl_username,
+        "KAFKA_SASL_PASSWORD": settings.kafka_sasl_password,
+        "KAFKA_SSL_CA_FILE": settings.kafka_ssl_ca_file,
+        "KAFKA_SSL_CERT_FILE": settings.kafka_ssl_cert_file,
+        "KAFKA_SSL_KEY_FILE": settings.kafka_ssl_key_file,
+        "KAFKA_SSL_KEY_PASSWORD": settings.kafka_ssl_key_password,
+        "REDIS_USERNAME": settings.redis_username,
+        "REDIS_PASSWORD": settings.redis_password,
+        "REDIS_TLS_CA_FILE": settings.redis_tls_ca_file,
+        "REDIS_TLS_CERT_FILE": settings.redis_tls_cert_file,
+        "REDIS_TLS_KEY_FILE": settings.redis_tls_key_file,
+    }
+    if settings.kafka_security_protocol != "PLAINTEXT":
+        env["AUTOSCALER_KAFKA_SECURITY_PROTOCOL"] = settings.kafka_security_protocol
+        env["AUTOSCALER_KAFKA_SASL_MECHANISM"] = settings.kafka_sasl_mechanism
+    if settings.redis_tls:
+        env["AUTOSCALER_REDIS_TLS"] = "true"
+    for name, value in optional.items():
+        if value is not None:
+            env[f"AUTOSCALER_{name}"] = value.get_secret_value() if isinstance(value, SecretStr) else value
+    if list(settings.job_entry_points) != list(DEFAULT_JOB_ENTRY_POINTS):
+        env["AUTOSCALER_JOB_ENTRY_POINTS"] = json.dumps(settings.job_entry_points)
     return env

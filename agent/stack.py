@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agent.processes import pid_alive, port_open, spawn, start_broker, start_redis, stop_pid
+from agent.security import redact, redis_client_kwargs
 from agent.settings import Settings
 from agent.topics import ensure_topics
 
@@ -48,7 +49,10 @@ class Stack:
 
     def _redis_answers(self) -> bool:
         try:
-            return bool(redis.Redis.from_url(self.settings.redis_url, socket_timeout=1).ping())
+            client = redis.Redis.from_url(
+                self.settings.redis_url, socket_timeout=1, **redis_client_kwargs(self.settings, asyncio=False)
+            )
+            return bool(client.ping())
         except redis.RedisError:
             return False
 
@@ -67,10 +71,13 @@ class Stack:
             console.print(f"broker: using the one at {self.settings.kafka_bootstrap}")
 
         if self._redis_answers():
-            console.print(f"redis: using the one at {self.settings.redis_url}")
+            console.print(f"redis: using the one at {redact(self.settings.redis_url, self.settings)}")
         else:
             url = urlparse(self.settings.redis_url)
-            server = start_redis(url.port or 6379, logs / "redis.log")
+            # A Redis started here requires the configured password, so AUTH works as configured.
+            secret = self.settings.redis_password
+            password = secret.get_secret_value() if secret is not None else url.password
+            server = start_redis(url.port or 6379, logs / "redis.log", password=password)
             state["redis"] = {"pid": server.pid, "port": server.port}
             console.print(f"redis started on port {server.port}")
         self._save(state)

@@ -16,7 +16,7 @@ from agent.topics import group_consumer_config
 
 def consumer(settings: Settings, topics: list[str], group: str | None = None) -> Consumer:
     c = Consumer(group_consumer_config(
-        settings.kafka_bootstrap, group or f"autoscaler-watch-{uuid.uuid4().hex[:8]}", "latest"
+        settings, group or f"autoscaler-watch-{uuid.uuid4().hex[:8]}", "latest"
     ))
     c.subscribe(topics)
     return c

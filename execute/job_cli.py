@@ -39,7 +39,11 @@ def run(
         Path, typer.Option("--checkpoint-dir", help="The job's directory: checkpoint, runner state, pause file.")
     ],
     entry: Annotated[
-        str, typer.Option("--entry", help="module:function building the query (see pipeline.job).")
+        str,
+        typer.Option(
+            "--entry", help="module:function building the query (see pipeline.job); must be listed in "
+            "AUTOSCALER_JOB_ENTRY_POINTS.",
+        ),
     ] = "pipeline.demo:build",
     parallelism: Annotated[
         int,
@@ -76,12 +80,20 @@ def run(
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
 ) -> None:
     """Start the job and apply the RescaleCommands addressed to it until stopped (SIGTERM/Ctrl-C)."""
+    from agent.security import EntryPointNotAllowed, check_entry_point
+
+    settings = get_settings()
+    try:
+        # Before any import of job code (and before Spark): only configured entry points run.
+        check_entry_point(entry, settings)
+    except EntryPointNotAllowed as exc:
+        raise typer.BadParameter(str(exc), param_hint="--entry") from None
+
     from execute.runner import RunnerConfig, RunnerFatal, StartError, run_job
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    settings = get_settings()
     overrides = {
         name: value
         for name, value in (

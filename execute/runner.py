@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from agent.contracts import RescaleCommand, RunnerReport, RunnerStatus
+from agent.security import check_entry_point, kafka_security_config, redact
 from agent.settings import Settings, get_settings
 from pipeline import offsets as off
 from pipeline.job import BuildFunction, JobContext, load_entry_point
@@ -91,6 +92,11 @@ class RunnerConfig:
     @property
     def kafka_bootstrap(self) -> str:
         return self.bootstrap or self.settings.kafka_bootstrap
+
+    @property
+    def kafka_security(self) -> dict[str, str]:
+        """SASL/SSL properties of the runner's and the job's Kafka clients, from the settings."""
+        return kafka_security_config(self.settings)
 
     @property
     def max_command_age_s(self) -> float:
@@ -251,7 +257,8 @@ class JobRunner:
 
     def __init__(self, config: RunnerConfig, build: BuildFunction | None = None):
         self.config = config
-        self.build = build or load_entry_point(config.entry_point)
+        # Only entry points the configuration lists are imported (AUTOSCALER_JOB_ENTRY_POINTS).
+        self.build = build or load_entry_point(check_entry_point(config.entry_point, config.settings))
         self.spark: SparkSession | None = None
         self.query: StreamingQuery | None = None
         self.reporter: MetricsReporter | None = None
@@ -311,6 +318,7 @@ class JobRunner:
             bootstrap=self.config.kafka_bootstrap,
             options=options,
             output=OutputCounter(),
+            kafka_security=self.config.kafka_security,
         )
         writer = self.build(self.spark, ctx)
         writer = writer.option("checkpointLocation", str(self.config.query_dir)).queryName(
@@ -329,6 +337,7 @@ class JobRunner:
             topic=self.config.settings.topics.metrics,
             min_interval_s=self.config.report_interval_s,
             output_counter=ctx.output,
+            security=self.config.kafka_security,
         )
 
     def _wait_first_batch(self, deadline: float) -> None:
@@ -422,7 +431,7 @@ class CommandConsumer:
     """Polls the commands topic on its own thread, so that a long rescale never exceeds the poll
     interval (which would make the broker drop the runner from its group)."""
 
-    def __init__(self, bootstrap: str, topic: str, job_id: str):
+    def __init__(self, bootstrap: str, topic: str, job_id: str, security: Mapping[str, str] | None = None):
         from confluent_kafka import Consumer
 
         self.topic = topic
@@ -431,7 +440,8 @@ class CommandConsumer:
         # Commands older than the runner's max age are dropped anyway; reading from the start
         # means a command sent while the runner was (re)joining is not lost.
         self.consumer: Consumer = Consumer(group_consumer_config(
-            bootstrap, f"autoscaler-runner-{job_id}", "earliest", **{"heartbeat.interval.ms": 1_000}
+            bootstrap, f"autoscaler-runner-{job_id}", "earliest", security=security,
+            **{"heartbeat.interval.ms": 1_000},
         ))
         self.messages: queue.Queue[Message] = queue.Queue()
         self._commits: queue.Queue[Message] = queue.Queue()
@@ -476,13 +486,21 @@ class CommandConsumer:
 
 
 class ReportPublisher:
-    def __init__(self, bootstrap: str, topic: str):
+    def __init__(
+        self, bootstrap: str, topic: str, security: Mapping[str, str] | None = None, settings: Settings | None = None
+    ):
         from confluent_kafka import Producer
 
         self.topic = topic
-        self.producer: Producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0})
+        self.settings = settings
+        self.producer: Producer = Producer(
+            {"bootstrap.servers": bootstrap, **(security or {}), "acks": "all", "linger.ms": 0}
+        )
 
     def publish(self, report: RunnerReport) -> None:
+        if report.error:
+            # A report's error becomes a scaling event's: no secret may ride along.
+            report = report.model_copy(update={"error": redact(report.error, self.settings)})
         self.producer.produce(self.topic, key=report.job_id.encode(), value=report.to_bytes())
         if self.producer.flush(10):
             log.error("runner report %s/%s not delivered", report.decision_id, report.status)
@@ -498,7 +516,9 @@ class Runner:
         self.config = config
         self.job = JobRunner(config, build)
         self.state = RunnerState.load(config.state_file)
-        self.publisher = ReportPublisher(config.kafka_bootstrap, config.settings.topics.runner_reports)
+        self.publisher = ReportPublisher(
+            config.kafka_bootstrap, config.settings.topics.runner_reports, config.kafka_security, config.settings
+        )
         self.commands: CommandConsumer | None = None
         self.restarts: list[float] = []
 
@@ -507,7 +527,8 @@ class Runner:
 
         topics = self.config.settings.topics
         for topic in (topics.metrics, topics.commands, topics.runner_reports):
-            ensure_topic(self.config.kafka_bootstrap, topic, self.config.settings.topic_partitions)
+            ensure_topic(self.config.kafka_bootstrap, topic, self.config.settings.topic_partitions,
+                         security=self.config.kafka_security)
         # A decision applied before a runner restart still holds: resume at its parallelism.
         initial = self.state.parallelism or self.config.parallelism
         try:
@@ -519,7 +540,8 @@ class Runner:
         self._save_parallelism()
         if self.config.listen:
             self.commands = CommandConsumer(
-                self.config.kafka_bootstrap, self.config.settings.topics.commands, self.config.job_id
+                self.config.kafka_bootstrap, self.config.settings.topics.commands, self.config.job_id,
+                self.config.kafka_security,
             )
 
     def _start_with_retries(self, parallelism: int) -> None:

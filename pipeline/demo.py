@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -78,7 +78,7 @@ def build(spark: SparkSession, ctx: JobContext) -> DataStreamWriter:
         options["maxRecordsPerTrigger"] = str(batch_limit(cost_ms, ctx.parallelism, batch_s))
     records = parse_input(ctx.read_kafka(spark, input_topic))
     costed = records.mapInArrow(partial(wait_per_record, cost_ms), records.schema)
-    sink = KeyedCountSink(ctx.bootstrap, output_topic, ctx.path("demo-sink.json"), ctx.output)
+    sink = KeyedCountSink(ctx.bootstrap, output_topic, ctx.path("demo-sink.json"), ctx.output, ctx.kafka_security)
     return costed.writeStream.foreachBatch(sink)
 
 
@@ -123,8 +123,16 @@ class SinkProgress:
 class KeyedCountSink:
     """foreachBatch function: per key count and ids, produced to Kafka from the driver."""
 
-    def __init__(self, bootstrap: str, topic: str, progress_path: Path, counter: OutputCounter | None = None):
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        progress_path: Path,
+        counter: OutputCounter | None = None,
+        security: Mapping[str, str] | None = None,
+    ):
         self.bootstrap = bootstrap
+        self.security = dict(security or {})
         self.topic = topic
         self.progress = SinkProgress(progress_path)
         self.counter = counter
@@ -136,9 +144,10 @@ class KeyedCountSink:
 
             from pipeline.kafka_admin import ensure_topic
 
-            ensure_topic(self.bootstrap, self.topic)
+            ensure_topic(self.bootstrap, self.topic, security=self.security)
             self._producer = Producer({
                 "bootstrap.servers": self.bootstrap,
+                **self.security,
                 "enable.idempotence": True,
                 "linger.ms": 5,
             })

@@ -29,7 +29,8 @@ class JobContext:
     """job_id, parallelism (task slots), checkpoint_dir (the job's directory: Spark's checkpoint is
     its `query` folder and the job may keep its own files beside it), pause_file (the source admits
     no data while it exists), bootstrap (Kafka), options (the job's `--option key=value` pairs plus
-    `minPartitions`), output (count what the sink writes here, for the metrics' records_out).
+    `minPartitions`), output (count what the sink writes here, for the metrics' records_out),
+    kafka_security (SASL/SSL properties, librdkafka names, for the job's own Kafka clients).
     """
 
     job_id: str
@@ -40,6 +41,7 @@ class JobContext:
     options: dict[str, str] = field(default_factory=dict)
     output: OutputCounter = field(default_factory=OutputCounter)
     pausable: bool = False  # set when the job reads through read_kafka with the pausable source
+    kafka_security: dict[str, str] = field(default_factory=dict)
 
     @property
     def min_partitions(self) -> int:
@@ -52,6 +54,16 @@ class JobContext:
     def read_kafka(self, spark: SparkSession, topic: str, starting_offsets: str | None = None) -> DataFrame:
         """The job's Kafka input, split into `minPartitions` read tasks and paused by the runner."""
         from pipeline.kafka_source import native_kafka_available, read_kafka_stream
+
+        if self.kafka_security:
+            # The source's options are plain strings in Spark's plan, shipped to every Python
+            # worker; secrets do not belong there, and a plaintext read of a secured broker would
+            # only hang. Refuse clearly instead.
+            raise NotImplementedError(
+                "read_kafka cannot read a SASL/SSL-secured Kafka (AUTOSCALER_KAFKA_SECURITY_PROTOCOL is "
+                f"{self.kafka_security.get('security.protocol')}); with Spark's kafka connector, call "
+                "pipeline.kafka_source.read_kafka_stream with its kafka.security.* / kafka.sasl.* options"
+            )
 
         limit = self.options.get("maxRecordsPerTrigger")
         self.pausable = not native_kafka_available(spark)

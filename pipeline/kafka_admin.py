@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
@@ -12,9 +12,13 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 log = logging.getLogger(__name__)
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int = 1, timeout: float = 15.0) -> None:
-    """Create `topic` unless it exists; an existing topic keeps its partition count."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+def ensure_topic(
+    bootstrap: str, topic: str, partitions: int = 1, timeout: float = 15.0, *, security: Mapping[str, str] | None = None
+) -> None:
+    """Create `topic` unless it exists; an existing topic keeps its partition count.
+
+    `security`: SASL/SSL client properties (agent.security.kafka_security_config)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(security or {})})
     futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
     for future in futures.values():
         try:
@@ -41,12 +45,15 @@ class LogEndProbe:
     batch (from the ListOffsets answer minus one) and take the larger of the two numbers.
     """
 
-    def __init__(self, bootstrap: str, topic: str, timeout: float = 10.0):
+    def __init__(
+        self, bootstrap: str, topic: str, timeout: float = 10.0, *, security: Mapping[str, str] | None = None
+    ):
         self.topic = topic
         self.timeout = timeout
-        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self.admin = AdminClient({"bootstrap.servers": bootstrap, **(security or {})})
         self.consumer = Consumer({
             "bootstrap.servers": bootstrap,
+            **(security or {}),
             "group.id": "autoscaler-log-end-probe",  # never joins: we only assign()
             "enable.auto.commit": False,
             "enable.partition.eof": True,

@@ -24,7 +24,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Protocol
@@ -244,8 +244,11 @@ def generate_load(
     tick_s: float = 0.01,
     stop_event: threading.Event | None = None,
     on_progress: Callable[[float, int], None] | None = None,
+    security: Mapping[str, str] | None = None,
 ) -> LoadResult:
-    """Produce demo records following `shape` until its end, `duration_s`, or `stop_event`."""
+    """Produce demo records following `shape` until its end, `duration_s`, or `stop_event`.
+
+    `security`: SASL/SSL client properties (agent.security.kafka_security_config)."""
     from confluent_kafka import Producer
 
     from pipeline.kafka_admin import ensure_topic
@@ -255,8 +258,10 @@ def generate_load(
         raise ValueError("this shape has no end: give a duration")
     if keys < 1:
         raise ValueError("keys must be at least 1")
-    ensure_topic(bootstrap, topic, partitions)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    ensure_topic(bootstrap, topic, partitions, security=security)
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, **(security or {}), "linger.ms": 5, "enable.idempotence": True}
+    )
     stop_event = stop_event or threading.Event()
     next_id = start_id
     budget = 0.0
@@ -327,6 +332,7 @@ def run(
     quiet: Annotated[bool, typer.Option("--quiet")] = False,
 ) -> None:
     """Produce the load; print a JSON summary with the number of records produced."""
+    from agent.security import kafka_security_config
     from agent.settings import get_settings
 
     if (shape is None) == (trace is None):
@@ -368,6 +374,7 @@ def run(
         partitions=partitions,
         stop_event=stop,
         on_progress=progress,
+        security=kafka_security_config(get_settings()),
     )
     expected = expected_total(chosen, min(result.seconds, duration or chosen.duration_s or result.seconds))
     typer.echo(json.dumps({

@@ -28,7 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -36,6 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pyspark.sql.streaming import StreamingQueryListener
 
 from agent.contracts import MetricReport
+from agent.security import kafka_security_config
 from agent.settings import get_settings
 from pipeline.metrics import IntervalAggregator, ProgressSample, StageTotals, StageTracker, sample_from_progress
 
@@ -115,6 +116,7 @@ class MetricsReporter(StreamingQueryListener):
         output_counter: OutputCounter | None = None,
         splittable: bool = True,
         on_report: Callable[[MetricReport], None] | None = None,
+        security: Mapping[str, str] | None = None,
     ):
         super().__init__()
         from confluent_kafka import Producer
@@ -133,7 +135,9 @@ class MetricsReporter(StreamingQueryListener):
         self._aggregator = IntervalAggregator(job_id=job_id, started_at=time.time(), splittable=splittable)
         self._stages = SparkStages(spark)
         self._tracker = StageTracker()
-        self._producer: Producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
+        self._producer: Producer = Producer(
+            {"bootstrap.servers": bootstrap, **(security or {}), "linger.ms": 5, "acks": "all"}
+        )
         self._queue: queue.Queue[object] = queue.Queue(maxsize=10_000)
         try:
             self._tracker.prime(self._stages.list())
@@ -263,11 +267,12 @@ def attach_reporter(
     output_counter: OutputCounter | None = None,
     splittable: bool = True,
     on_report: Callable[[MetricReport], None] | None = None,
+    security: Mapping[str, str] | None = None,
 ) -> MetricsReporter:
     """Attach a reporter to one query (a StreamingQuery, matched by its id, or a query name).
 
-    `bootstrap` and `topic` default to the autoscaler settings (AUTOSCALER_KAFKA_BOOTSTRAP,
-    AUTOSCALER_TOPICS__METRICS).
+    `bootstrap`, `topic` and `security` (SASL/SSL client properties) default to the autoscaler
+    settings (AUTOSCALER_KAFKA_BOOTSTRAP, AUTOSCALER_TOPICS__METRICS, AUTOSCALER_KAFKA_SECURITY_*).
     """
     settings = get_settings()
     if isinstance(query_or_name, str):
@@ -286,6 +291,7 @@ def attach_reporter(
         output_counter=output_counter,
         splittable=splittable,
         on_report=on_report,
+        security=kafka_security_config(settings) if security is None else security,
     )
     spark.streams.addListener(reporter)
     return reporter

@@ -10,13 +10,13 @@ from typing import TypeVar
 from confluent_kafka import Consumer, Producer
 
 from agent.settings import Settings
-from agent.topics import ensure_topics, group_consumer_config
+from agent.topics import ensure_topics, group_consumer_config, kafka_client_config
 
 T = TypeVar("T")
 
 
 def producer(settings: Settings) -> Producer:
-    return Producer({"bootstrap.servers": settings.kafka_bootstrap, "linger.ms": 2})
+    return Producer({**kafka_client_config(settings), "linger.ms": 2})
 
 
 def send(settings: Settings, topic: str, records: list[tuple[bytes | None, bytes]]) -> None:
@@ -32,7 +32,7 @@ class Collector:
     def __init__(self, settings: Settings, topic: str):
         ensure_topics(settings)
         self.consumer = Consumer(
-            group_consumer_config(settings.kafka_bootstrap, f"test-{uuid.uuid4().hex[:8]}", "earliest")
+            group_consumer_config(settings, f"test-{uuid.uuid4().hex[:8]}", "earliest")
         )
         self.consumer.subscribe([topic])
         self.records: list[tuple[bytes | None, bytes, float]] = []
