@@ -16,7 +16,7 @@ from agent.app import Runtime
 from agent.contracts import DeadLetter, MetricReport, MetricWindow
 from agent.resilience import until_done
 from monitor.validation import Rejection, dead_letter, parse_report
-from monitor.windows import LateReport, WindowState, add_report, already_applied
+from monitor.windows import RefusedReport, WindowState, add_report, already_applied
 
 log = logging.getLogger("autoscaler.monitor")
 
@@ -75,6 +75,7 @@ def register(runtime: Runtime) -> None:
         closed: list[MetricWindow] = []
         dirty: set[str] = set()
         accepted_per_job: Counter[str] = Counter()
+        redelivered = 0
         for report, event in accepted:
             job = report.job_id
             partition, offset = event.message.partition, event.message.offset
@@ -83,12 +84,13 @@ def register(runtime: Runtime) -> None:
                     "unknown_job", f"job {job!r} is not registered (autoscaler jobs register {job})")))
                 continue
             state = windows.get(job)
-            if already_applied(state, partition, offset):
-                continue  # redelivered after a restart: already in the window
+            if already_applied(state, partition, offset, report):
+                redelivered += 1  # after a restart or rebalance: already in the window, counted once
+                continue
             try:
                 state, window = add_report(state, report, settings.loop_interval_s, partition, offset)
-            except LateReport as exc:
-                rejected.append(_dead(source.get_topic_name(), event, Rejection("late_report", str(exc))))
+            except RefusedReport as exc:  # late_report, duplicate_report
+                rejected.append(_dead(source.get_topic_name(), event, Rejection(exc.reason, str(exc))))
                 continue
             windows[job] = state
             dirty.add(job)
@@ -108,7 +110,7 @@ def register(runtime: Runtime) -> None:
             metrics.REPORTS_REJECTED.labels(job_label, letter.reason).inc()
             log.warning("dead-lettered a metric report: %s: %s", letter.reason, letter.detail[:200])
         await knowledge.save_windows({job: windows[job] for job in dirty})
-        counts = {"reports_accepted": sum(accepted_per_job.values())}
+        counts = {"reports_accepted": sum(accepted_per_job.values()), "reports_redelivered": redelivered}
         counts.update(Counter(f"rejected:{letter.reason}" for letter in rejected))
         await knowledge.incr_counters({k: v for k, v in counts.items() if v})
         for job, n in accepted_per_job.items():

@@ -3,6 +3,12 @@
 A window [start, start + interval) collects every report whose end timestamp falls in it. It closes
 when the first report of a later window arrives, in metric time, so replayed or time-compressed
 metrics close windows exactly as live ones do.
+
+Refused reports (the monitor dead-letters them with `reason`):
+- `late_report`: its window started before the open one, which may already have been closed.
+- `duplicate_report`: its worker already reported an interval ending at the same timestamp in the
+  open window, e.g. a reporter's retry or a replay sent twice. The first one counts; whether the
+  second is identical or not, folding it would count that interval twice.
 """
 
 from __future__ import annotations
@@ -15,8 +21,28 @@ from agent.contracts import MetricReport, MetricWindow, OperatorWindow, SourceWi
 WindowState = dict[str, Any]
 
 
-class LateReport(ValueError):
+# Keys (worker, timestamp) remembered per window for duplicate detection. A window's state is read
+# and written in full on every batch, so a flood of distinct timestamps must not grow it without
+# bound: beyond this many reports in one window, reports are still counted but no longer remembered.
+MAX_SEEN_PER_WINDOW = 4096
+
+
+class RefusedReport(ValueError):
+    """A valid report the open window cannot take."""
+
+    reason = "refused"
+
+
+class LateReport(RefusedReport):
     """A report for a window that is already closed."""
+
+    reason = "late_report"
+
+
+class DuplicateReport(RefusedReport):
+    """A second report of the same worker and interval end in the open window."""
+
+    reason = "duplicate_report"
 
 
 def window_start_for(timestamp: float, interval_s: float) -> float:
@@ -24,15 +50,25 @@ def window_start_for(timestamp: float, interval_s: float) -> float:
 
 
 def new_window(start: float) -> WindowState:
-    return {"start": start, "reports": 0, "workers": {}, "offsets": {}}
+    return {"start": start, "reports": 0, "workers": {}, "offsets": {}, "seen": {}}
 
 
-def already_applied(state: WindowState | None, partition: int, offset: int) -> bool:
-    """A redelivered record (offset not beyond the last one applied for its partition)."""
+def already_applied(
+    state: WindowState | None, partition: int, offset: int, report: MetricReport | None = None
+) -> bool:
+    """A redelivered record: its offset is not beyond the last one applied for its partition and,
+    given its report, that report is already folded in (an older window, or seen in the open one).
+
+    A record at an old offset whose report is new means the log started again from offset 0 (a
+    broker that lost its data); skipping it would lose the report, so it is not skipped."""
     if state is None:
         return False
     last = state["offsets"].get(str(partition))
-    return last is not None and offset <= last
+    if last is None or offset > last:
+        return False
+    if report is None or report.timestamp < state["start"]:
+        return True
+    return _seen_key(report) in state.get("seen", {}).get(report.worker_id, {})
 
 
 def add_report(
@@ -55,10 +91,24 @@ def add_report(
     elif start > state["start"]:
         closed = close_window(state, report.job_id, interval_s)
         state = new_window(start) | {"offsets": state["offsets"]}
+    elif _seen_key(report) in state.get("seen", {}).get(report.worker_id, {}):
+        # Windows saved before duplicate detection existed have no "seen": nothing to compare.
+        raise DuplicateReport(
+            f"worker {report.worker_id!r} already reported the interval ending at {report.timestamp!r} "
+            f"in window {state['start']:.0f}; the first report counts"
+        )
     _fold(state, report)
+    if state["reports"] <= MAX_SEEN_PER_WINDOW:
+        state.setdefault("seen", {}).setdefault(report.worker_id, {})[_seen_key(report)] = 1
     if partition is not None and offset is not None:
         state["offsets"][str(partition)] = offset
     return state, closed
+
+
+def _seen_key(report: MetricReport) -> str:
+    # repr is the shortest exact form of a float: a dict key that survives knowledge's JSON and is
+    # found in constant time, where a list of floats would be scanned for every report.
+    return repr(report.timestamp)
 
 
 def _fold(state: WindowState, report: MetricReport) -> None:
