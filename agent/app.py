@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -12,7 +13,9 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agent.metrics import REGISTRY
+from agent.security import faust_credentials, redact
 from agent.settings import Settings
+from agent.topics import TopicKeeper
 from knowledge.store import Knowledge
 
 STAGES = ("monitor", "analyze", "plan", "execute")
@@ -30,6 +33,9 @@ log = logging.getLogger("autoscaler")
 # consumer left its group and, with Faust's flow stopped, never rejoined (a stuck worker).
 MAX_POLL_RECORDS = 500
 
+# How often a worker checks that its topics still exist (a few ms against a local broker).
+TOPIC_CHECK_S = 2.0
+
 
 def _transport_with_fetch_wait(fetch_max_wait_ms: int) -> type[faust_aiokafka.Transport]:
     """Faust's aiokafka transport, but its worker consumer uses `fetch_max_wait_ms`."""
@@ -46,10 +52,41 @@ def _transport_with_fetch_wait(fetch_max_wait_ms: int) -> type[faust_aiokafka.Tr
         def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
             return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
+        async def perform_seek(self) -> None:
+            await super().perform_seek()
+            await rewind_lost_partitions(self)
+
     class Transport(faust_aiokafka.Transport):
         Consumer = WorkerConsumer
 
     return Transport
+
+
+async def rewind_lost_partitions(consumer: Any) -> None:
+    """Read from the start every partition whose log now ends before the consumer's position.
+
+    A broker that lost its data (the embedded broker keeps nothing on disk) starts its topics again
+    at offset 0, while the worker still holds its old offsets and commits them to the new broker when
+    it rejoins; it would then skip every new record below them, losing reports. Uses Faust's
+    consumer bookkeeping (there is no public API for it)."""
+    positions = {
+        tp: position
+        for tp in consumer.assignment()
+        if (position := consumer._read_offset.get(tp) or consumer._committed_offset.get(tp))
+    }
+    if not positions:
+        return
+    ends = await consumer.highwaters(*positions)
+    for tp, position in positions.items():
+        end = ends.get(tp)
+        if end is None or position <= end:
+            continue
+        log.warning("%s[%d] ends at offset %d, before the position %d: the broker lost it; reading it from "
+                    "the start", tp.topic, tp.partition, end, position)
+        for bookkeeping in (consumer._acked, consumer._acked_index, consumer._gap):
+            bookkeeping.pop(tp, None)
+        consumer._committed_offset[tp] = None
+        await consumer.seek(tp, 0)
 
 
 @dataclass
@@ -91,6 +128,7 @@ def create_app(settings: Settings, stages: Iterable[str] = STAGES) -> tuple[faus
     app = faust.App(
         app_id_for(settings, chosen),
         broker=f"kafka://{settings.kafka_bootstrap}",
+        broker_credentials=faust_credentials(settings),  # None: PLAINTEXT, as before
         store="memory://",
         key_serializer="raw",
         value_serializer="raw",
@@ -123,8 +161,22 @@ def create_app(settings: Settings, stages: Iterable[str] = STAGES) -> tuple[faus
         try:
             await runtime.knowledge.ping()
         except Exception as exc:  # any Redis failure means degraded
-            return app.web.json({"ready": False, "status": "degraded", "error": str(exc)}, status=503)
+            # Redacted: the page is unauthenticated and an error may quote a URL with its password.
+            error = redact(str(exc), settings)
+            return app.web.json({"ready": False, "status": "degraded", "error": error}, status=503)
         return app.web.json({"ready": True, "status": "ok", "stages": chosen})
+
+    keeper = TopicKeeper(settings)
+
+    @app.timer(TOPIC_CHECK_S)
+    async def keep_topics() -> None:
+        try:
+            created = await asyncio.to_thread(keeper.check)
+        except Exception as exc:  # the broker is away: the clients reconnect by themselves
+            log.debug("topic check failed: %s", redact(str(exc), settings))
+            return
+        if created:
+            log.warning("recreated missing topics (the broker lost them): %s", ", ".join(sorted(created)))
 
     for stage in chosen:
         if stage == "monitor":

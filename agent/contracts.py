@@ -331,7 +331,10 @@ class ScalingEvent(Contract):
     """The lifecycle of one decision. Topic `autoscaler.scaling-events`, key = job id."""
 
     schema_version: Literal[1] = 1
-    event_id: str = Field(default_factory=new_id)
+    event_id: str = Field(
+        default_factory=new_id,
+        description="Stable for one step of one decision: an event published again after a crash keeps its id.",
+    )
     decision_id: str
     job_id: JobId
     type: EventType
@@ -342,7 +345,10 @@ class ScalingEvent(Contract):
     error: str | None = None
     rolled_back_to: Parallelism | None = None
     detail: str | None = None
-    code: str | None = Field(None, description="For `notice` events: what was found, e.g. `quota_bound`.")
+    code: str | None = Field(
+        None,
+        description="For `notice` events: what was found, e.g. `quota_bound`; for `skipped`: `superseded`.",
+    )
     numbers: dict[str, float | int | None] = Field(
         default_factory=dict, description="For `recovered` events: `observed_s`, `predicted_s`, `error_s`."
     )

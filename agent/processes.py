@@ -139,12 +139,21 @@ def start_broker(port: int | None = None, log_path: Path | None = None) -> Servi
     return Service("broker", process, "127.0.0.1", port)
 
 
-def start_redis(port: int | None = None, log_path: Path | None = None, password: str | None = None) -> Service:
+def start_redis(
+    port: int | None = None, log_path: Path | None = None, password: str | None = None, data_dir: Path | None = None
+) -> Service:
+    """A redis-server; with `data_dir`, every write goes to an append-only file there, so a restart
+    on the same directory comes back with the data (without it, nothing is kept)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not on PATH (Debian: apt-get install redis-server)")
     port = port or free_port()
-    argv = [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"]
+    argv = [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
+    if data_dir is not None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        argv += ["--dir", str(data_dir), "--appendonly", "yes", "--appendfsync", "always"]
+    else:
+        argv += ["--appendonly", "no"]
     if password:
         argv += ["--requirepass", password]
     process = spawn("redis", argv, log_path)

@@ -2,21 +2,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from agent.security import kafka_security_config
 from agent.settings import Settings
 
 
-def kafka_client_config(settings: Settings) -> dict[str, str]:
-    return {"bootstrap.servers": settings.kafka_bootstrap}
+def kafka_client_config(settings: Settings, bootstrap: str | None = None) -> dict[str, str]:
+    """Bootstrap plus security (SASL/SSL) for any confluent-kafka client of the autoscaler;
+    `bootstrap` overrides the settings' servers (a job's own Kafka), the security stays."""
+    return {"bootstrap.servers": bootstrap or settings.kafka_bootstrap, **kafka_security_config(settings)}
 
 
-def group_consumer_config(bootstrap: str, group_id: str, offset_reset: str, **extra: object) -> dict[str, object]:
+def group_consumer_config(
+    bootstrap: str | Settings,
+    group_id: str,
+    offset_reset: str,
+    *,
+    security: Mapping[str, str] | None = None,
+    **extra: object,
+) -> dict[str, object]:
     """A confluent-kafka consumer in a group, with short group timeouts: the embedded broker makes
-    a join wait for the rebalance timeout, which clients take from the max poll interval."""
+    a join wait for the rebalance timeout, which clients take from the max poll interval.
+
+    `bootstrap` is the settings (servers and security from them) or a bootstrap string, whose
+    security properties then come in `security` (see `kafka_client_config`)."""
+    base = kafka_client_config(bootstrap) if isinstance(bootstrap, Settings) else {
+        "bootstrap.servers": bootstrap, **(security or {})
+    }
     return {
-        "bootstrap.servers": bootstrap,
+        **base,
         "group.id": group_id,
         "auto.offset.reset": offset_reset,
         "enable.auto.commit": False,
@@ -26,9 +44,11 @@ def group_consumer_config(bootstrap: str, group_id: str, offset_reset: str, **ex
     }
 
 
-def ensure_topics(settings: Settings, extra: list[str] | None = None, timeout: float = 15.0) -> list[str]:
+def ensure_topics(
+    settings: Settings, extra: list[str] | None = None, timeout: float = 15.0, admin: AdminClient | None = None
+) -> list[str]:
     """Create any missing topic; returns the names created."""
-    admin = AdminClient(kafka_client_config(settings))
+    admin = admin or AdminClient(kafka_client_config(settings))
     wanted = settings.topics.all() + (extra or [])
     existing = set(admin.list_topics(timeout=timeout).topics)
     missing = [name for name in wanted if name not in existing]
@@ -47,3 +67,16 @@ def ensure_topics(settings: Settings, extra: list[str] | None = None, timeout: f
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
     return created
+
+
+class TopicKeeper:
+    """Puts the autoscaler's topics back when they disappear: a broker that lost its data (the
+    embedded broker keeps nothing on disk) comes back without them, and the agents would wait
+    for them forever. One admin client, reused across checks."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.admin = AdminClient(kafka_client_config(settings))
+
+    def check(self, timeout: float = 5.0) -> list[str]:
+        return ensure_topics(self.settings, timeout=timeout, admin=self.admin)

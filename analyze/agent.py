@@ -3,6 +3,7 @@ the proactive policies) the arrival-rate forecast; all kept in knowledge, publis
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -38,7 +39,11 @@ def register(runtime: Runtime) -> None:
             await runtime.publish("dead_letter", "", letter.to_bytes())
             return
         job = window.job_id
-        if not await knowledge.claim_window_for_analysis(job, window.window_end):
+        if await knowledge.window_done(job, "analyze", window.window_end):
+            # A redelivery: publish again what was committed (plan drops it if it already has it).
+            committed = await knowledge.committed_message(job, "analyze", window.window_end)
+            if committed is not None:
+                await runtime.publish("analyses", job, committed.encode())
             log.info("window %s of %s already analyzed; dropped the duplicate", window.window_end, job)
             return
         fallback = await knowledge.last_valid_analysis(job) if window.records_in == 0 else None
@@ -47,20 +52,27 @@ def register(runtime: Runtime) -> None:
         stored = await knowledge.learned(job)
         learned = Learned.from_dict(stored) if stored else new_learned(config.anomaly_k, config.backlog_tolerance_s)
         learned, capacity, recovery = learn(learned, window, analysis)
-        await knowledge.save_learned(job, learned.to_dict())
         forecast = None
         if config.policy.proactive and window.source is not None:
+            # The forecast skips points it already has, so a redelivered window does not count twice.
             settings = forecast_config(window.window_end - window.window_start, config.forecast_horizon_s,
                                        config.forecast_wape_threshold, config.forecast_retrain_after,
                                        config.forecast_min_points)
             forecast = forecast_view(await forecasting.step(job, window.source.arrival_rate, window.window_end,
                                                             settings))
         analysis = analysis.model_copy(update={"capacity": capacity, "forecast": forecast, "recovery": recovery})
-        await knowledge.append_analysis(job, analysis.model_dump_json(), analysis.parallelism)
+        message = analysis.model_dump_json()
+        committed_now = await knowledge.commit_window(
+            job, "analyze", window.window_end, message,
+            state={"parallelism_seen": analysis.parallelism},
+            values={"learned": json.dumps(learned.to_dict())},
+        )
+        if not committed_now:
+            return  # another worker committed this window meanwhile and publishes it
         if recovery is not None:
             log.info("%s: recovered %.0f s after the rescale %d -> %d (%s)", job, recovery.observed_s,
                      recovery.from_parallelism, recovery.to_parallelism, recovery.judge)
-        await runtime.publish("analyses", analysis.job_id, analysis.to_bytes())
+        await runtime.publish("analyses", job, message.encode())
         if analysis.valid:
             metrics.TRUE_RATE.labels(analysis.job_id).set(analysis.true_processing_rate)
             metrics.TRUE_OUTPUT_RATE.labels(analysis.job_id).set(analysis.true_output_rate)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import Any
 
 from agent import metrics
@@ -30,6 +31,11 @@ OVERDUE_CHECK_S = 1.0
 STALE_WINDOW_BUDGET = 3
 
 
+def event_id(decision_id: str, step: str, code: str | None = None) -> str:
+    """The same id for the same step of the same decision, so subscribers can drop a repeat."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"autoscaler:{decision_id}:{step}:{code or ''}").hex
+
+
 def register(runtime: Runtime) -> None:
     app, knowledge, settings = runtime.app, runtime.knowledge, runtime.settings
     decisions = runtime.topic("decisions")
@@ -38,21 +44,31 @@ def register(runtime: Runtime) -> None:
     runtime.topic("scaling_events")
 
     async def emit(event: ScalingEvent) -> None:
-        await knowledge.record_event(event.job_id, event.model_dump_json())
+        """Publish an event once per decision and step; after a crash it may go out again, same id."""
+        if await knowledge.event_published(event.job_id, event.event_id):
+            return
         await runtime.publish("scaling_events", event.job_id, event.to_bytes())
+        await knowledge.record_event(event.job_id, event.model_dump_json(), event.event_id)
         metrics.RESCALES.labels(event.job_id, event.type.value).inc()
         log.info("%s: %s %s %d -> %d%s", event.job_id, event.decision_id[:8], event.type.value,
                  event.from_parallelism, event.to_parallelism,
                  f" ({event.detail or event.error})" if event.detail or event.error else "")
 
     async def apply(value: bytes) -> None:
+        """Every step is safe to repeat: a redelivered decision (a worker died mid-way) finishes the
+        same execution, under the same fencing token, and is never executed a second time."""
         decision = ScalingDecision.model_validate_json(value)
+        job = decision.job_id
+        if await knowledge.decision_done(job, decision.decision_id):
+            log.info("%s: decision %s already executed; ignoring the redelivery", job, decision.decision_id)
+            return
         for notice in decision.notices:
             # Findings of plan (an ineffective scale-up, the quota binding) reach subscribers as events.
             # A recovery observed after a rescale is an event of its own, with its numbers.
             recovered = notice.code == "recovered"
             await emit(ScalingEvent(
-                decision_id=decision.decision_id, job_id=decision.job_id,
+                event_id=event_id(decision.decision_id, "notice", notice.code),
+                decision_id=decision.decision_id, job_id=job,
                 type=EventType.RECOVERED if recovered else EventType.NOTICE, code=notice.code,
                 from_parallelism=int(notice.numbers.get("from_parallelism") or decision.from_parallelism)
                 if recovered else decision.from_parallelism,
@@ -60,29 +76,40 @@ def register(runtime: Runtime) -> None:
                 if recovered else decision.to_parallelism,
                 detail=notice.message, numbers=notice.numbers if recovered else {},
             ))
-        if decision.action is Action.NONE or decision.mode != "auto":
-            return
+        if decision.action is not Action.NONE and decision.mode == "auto":
+            await rescale(decision)
+        await knowledge.mark_decision_done(job, decision.decision_id)
+
+    async def rescale(decision: ScalingDecision) -> None:
         job = decision.job_id
-        if not await knowledge.claim_decision(job, decision.decision_id):
-            log.info("%s: decision %s already executed; ignoring the redelivery", job, decision.decision_id)
-            return
-        token = await knowledge.acquire_lock(job, decision.decision_id, settings.rescale_timeout_s)
+        holder = await knowledge.lock_holder(job)
+        if holder is not None and holder[1] == decision.decision_id:
+            token: int | None = holder[0]  # this decision's own rescale, begun before a crash
+        else:
+            token = await knowledge.acquire_lock(job, decision.decision_id, settings.rescale_timeout_s)
         if token is None:
             holder = await knowledge.lock_holder(job)
+            # Superseded rather than queued: plan decides again from fresh metrics once the running
+            # rescale is over, so an old decision must not run after it.
             await emit(ScalingEvent(
-                decision_id=decision.decision_id, job_id=job, type=EventType.SKIPPED,
+                event_id=event_id(decision.decision_id, "skipped"),
+                decision_id=decision.decision_id, job_id=job, type=EventType.SKIPPED, code="superseded",
                 from_parallelism=decision.from_parallelism, to_parallelism=decision.to_parallelism,
                 detail=f"superseded: rescale {holder[1] if holder else '?'} of this job is still running",
             ))
             return
-        deadline = time.time() + settings.rescale_timeout_s
-        await knowledge.track_rescale(job, decision.model_dump(mode="json"), token, deadline)
+        tracked = await knowledge.inflight(job)
+        if tracked is None or tracked[0]["decision_id"] != decision.decision_id:
+            deadline = time.time() + settings.rescale_timeout_s
+            await knowledge.track_rescale(job, decision.model_dump(mode="json"), token, deadline)
         command = RescaleCommand(
             decision_id=decision.decision_id, job_id=job, to_parallelism=decision.to_parallelism,
             fencing_token=token,
         )
+        # The runner applies a decision id once, so a command sent again after a crash is harmless.
         await runtime.publish("commands", job, command.to_bytes())
         await emit(ScalingEvent(
+            event_id=event_id(decision.decision_id, "started"),
             decision_id=decision.decision_id, job_id=job, type=EventType.STARTED,
             from_parallelism=decision.from_parallelism, to_parallelism=decision.to_parallelism,
             detail=decision.reason.message,
@@ -111,6 +138,7 @@ def register(runtime: Runtime) -> None:
             up = report.to_parallelism > report.from_parallelism
             await knowledge.record_downtime(job, "up" if up else "down", report.downtime_s)
         await emit(ScalingEvent(
+            event_id=event_id(report.decision_id, "outcome"),
             decision_id=report.decision_id, job_id=job,
             type=EventType.COMPLETED if completed else EventType.FAILED,
             from_parallelism=decision["from_parallelism"], to_parallelism=decision["to_parallelism"],
@@ -128,6 +156,7 @@ def register(runtime: Runtime) -> None:
                 continue
             decision, token = tracked
             await emit(ScalingEvent(
+                event_id=event_id(decision["decision_id"], "outcome"),
                 decision_id=decision["decision_id"], job_id=job, type=EventType.FAILED,
                 from_parallelism=decision["from_parallelism"], to_parallelism=decision["to_parallelism"],
                 error=f"no answer from the job runner within {settings.rescale_timeout_s:.0f} s",

@@ -17,6 +17,13 @@ from agent.settings import Settings
 from knowledge.jobs import JobConfig, validate_overrides
 
 DECISION_MARKER_TTL_S = 7 * 24 * 3600
+# How far back a redelivered window's message is looked for in the stage's history: a redelivery
+# reaches back only over windows whose offsets were not yet committed to the broker.
+REPUBLISH_SCAN = 16
+# Per stage that commits windows (see commit_window): its per-job watermark, and the history list
+# that keeps its messages (and serves as its outbox).
+_WATERMARKS = {"analyze": "analyzed_until", "plan": "planned_until"}
+_HISTORY = {"analyze": "rates", "plan": "decisions"}
 
 # Release the lock only if the caller still holds it (fencing: a stale holder cannot free a newer lock).
 _RELEASE_LOCK = """
@@ -43,12 +50,15 @@ class Knowledge:
     def __init__(self, settings: Settings, client: aioredis.Redis | None = None, prefix: str = "autoscaler"):
         self.settings = settings
         self.prefix = prefix
+        from agent.security import redis_client_kwargs  # AUTH and TLS from settings
+
+        security = redis_client_kwargs(settings)
         self.redis: aioredis.Redis = client or aioredis.from_url(
-            settings.redis_url, decode_responses=True, health_check_interval=10
+            settings.redis_url, decode_responses=True, health_check_interval=10, **security
         )
         # Forecast models are pickled bytes; the main client decodes text.
         self._raw: aioredis.Redis = aioredis.from_url(settings.redis_url, decode_responses=False,
-                                                      health_check_interval=10)
+                                                      health_check_interval=10, **security)
         self._release_lock = self.redis.register_script(_RELEASE_LOCK)
         self._reserve_slots = self.redis.register_script(_RESERVE_SLOTS)
 
@@ -150,14 +160,6 @@ class Knowledge:
 
     # ---------------------------------------------------------------- analyze: true-rate history
 
-    async def claim_window_for_analysis(self, job_id: str, window_end: float) -> bool:
-        """True once per window: False for a redelivered one."""
-        return await self._advance_watermark(job_id, "analyzed_until", window_end)
-
-    async def append_analysis(self, job_id: str, analysis_json: str, parallelism: int) -> None:
-        await self._push_trimmed(job_id, "rates", analysis_json)
-        await self.redis.hset(self._key(job_id, "state"), "parallelism_seen", parallelism)
-
     async def rate_history(self, job_id: str, limit: int = 100) -> list[dict[str, Any]]:
         return await self._recent_json(job_id, "rates", limit)
 
@@ -167,33 +169,12 @@ class Knowledge:
                 return item
         return None
 
-    async def _advance_watermark(self, job_id: str, field: str, value: float) -> bool:
-        """Atomically raise a per-job watermark; False when `value` is not beyond it."""
-        key = self._key(job_id, "state")
-        async with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    await pipe.watch(key)
-                    current = await pipe.hget(key, field)
-                    if current is not None and float(current) >= value:
-                        await pipe.unwatch()
-                        return False
-                    pipe.multi()
-                    pipe.hset(key, field, value)
-                    await pipe.execute()
-                    return True
-                except aioredis.WatchError:
-                    continue
-
     # ---------------------------------------------------------------- analyze: models (Daedalus)
 
     async def learned(self, job_id: str) -> dict[str, Any] | None:
         """Capacity model and recovery detector of the job (see analyze.proactive.Learned)."""
         raw = await self.redis.get(self._key(job_id, "learned"))
         return json.loads(raw) if raw else None
-
-    async def save_learned(self, job_id: str, learned: dict[str, Any]) -> None:
-        await self.redis.set(self._key(job_id, "learned"), json.dumps(learned))
 
     async def forecast(self, job_id: str) -> tuple[str | None, bytes | None]:
         """The forecast state (JSON) and the pickled model, written together by `save_forecast`."""
@@ -212,30 +193,79 @@ class Knowledge:
                 pipe.set(self._key(job_id, "forecast-model"), model)
             await pipe.execute()
 
-    async def record_recovery(self, job_id: str, recovery_json: str) -> None:
-        """An observed recovery beside its prediction (plan's `recovered` notice numbers)."""
-        await self._push_trimmed(job_id, "recoveries", recovery_json)
-
     async def recoveries(self, job_id: str, limit: int = 100) -> list[dict[str, Any]]:
         return await self._recent_json(job_id, "recoveries", limit)
 
+    # ---------------------------------------------------------------- analyze and plan: one commit per window
+
+    async def window_done(self, job_id: str, stage: str, window_end: float) -> bool:
+        """Whether `stage` already committed its result for this window (or a later one)."""
+        current = await self.redis.hget(self._key(job_id, "state"), _WATERMARKS[stage])
+        return current is not None and float(current) >= window_end
+
+    async def committed_message(self, job_id: str, stage: str, window_end: float) -> str | None:
+        """The message `stage` committed for this window, to publish again after a crash."""
+        for item in await self.redis.lrange(self._key(job_id, _HISTORY[stage]), 0, REPUBLISH_SCAN - 1):
+            if json.loads(item).get("window_end") == window_end:
+                return str(item)
+        return None
+
+    async def commit_window(
+        self,
+        job_id: str,
+        stage: str,
+        window_end: float,
+        message: str,
+        state: dict[str, Any] | None = None,
+        history: dict[str, str] | None = None,
+        values: dict[str, str] | None = None,
+    ) -> bool:
+        """Commit everything a stage learned from one window, and the message it will publish, at once.
+
+        The message goes into the stage's history. Returns False when the window was already
+        committed (a redelivery, or another worker got there first). Committing before publishing,
+        with the message kept, means a crash in between republishes the same message (same
+        decision id) instead of losing it or deciding twice."""
+        state_key = self._key(job_id, "state")
+        history = {**(history or {}), _HISTORY[stage]: message}
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(state_key)
+                    current = await pipe.hget(state_key, _WATERMARKS[stage])
+                    if current is not None and float(current) >= window_end:
+                        await pipe.unwatch()
+                        return False
+                    pipe.multi()
+                    pipe.hset(state_key, _WATERMARKS[stage], window_end)
+                    if state:
+                        pipe.hset(state_key, mapping={k: json.dumps(v) for k, v in state.items()})
+                    for name, item in history.items():
+                        pipe.lpush(self._key(job_id, name), item)
+                        pipe.ltrim(self._key(job_id, name), 0, self.settings.history_length - 1)
+                    for name, item in (values or {}).items():
+                        pipe.set(self._key(job_id, name), item)
+                    await pipe.execute()
+                    return True
+                except aioredis.WatchError:
+                    continue
+
     # ---------------------------------------------------------------- plan: decisions
-
-    async def claim_window_for_plan(self, job_id: str, window_end: float) -> bool:
-        return await self._advance_watermark(job_id, "planned_until", window_end)
-
-    async def record_decision(self, job_id: str, decision_json: str) -> None:
-        await self._push_trimmed(job_id, "decisions", decision_json)
 
     async def decisions(self, job_id: str, limit: int = 20) -> list[dict[str, Any]]:
         return await self._recent_json(job_id, "decisions", limit)
 
     # ---------------------------------------------------------------- execute: idempotency, lock, state
 
-    async def claim_decision(self, job_id: str, decision_id: str) -> bool:
-        """True exactly once per decision id: the idempotency key of execution."""
-        key = self._key(job_id, f"decision:{decision_id}")
-        return bool(await self.redis.set(key, time.time(), nx=True, ex=DECISION_MARKER_TTL_S))
+    async def decision_done(self, job_id: str, decision_id: str) -> bool:
+        """Whether execute already finished with this decision: the idempotency key of execution."""
+        return bool(await self.redis.exists(self._key(job_id, f"decision:{decision_id}")))
+
+    async def mark_decision_done(self, job_id: str, decision_id: str) -> None:
+        await self.redis.set(self._key(job_id, f"decision:{decision_id}"), time.time(), ex=DECISION_MARKER_TTL_S)
+
+    async def event_published(self, job_id: str, event_id: str) -> bool:
+        return bool(await self.redis.exists(self._key(job_id, f"event:{event_id}")))
 
     async def acquire_lock(self, job_id: str, decision_id: str, ttl_s: float) -> int | None:
         """Take the per-job execution lock; returns a fencing token that grows with every acquisition."""
@@ -293,8 +323,14 @@ class Knowledge:
     async def overdue_rescales(self, now: float) -> list[str]:
         return list(await self.redis.zrangebyscore(f"{self.prefix}:inflight", 0, now))
 
-    async def record_event(self, job_id: str, event_json: str) -> None:
-        await self._push_trimmed(job_id, "events", event_json)
+    async def record_event(self, job_id: str, event_json: str, event_id: str | None = None) -> None:
+        """Keep the event in the job's history; with its id, remember that it was published."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.lpush(self._key(job_id, "events"), event_json)
+            pipe.ltrim(self._key(job_id, "events"), 0, self.settings.history_length - 1)
+            if event_id is not None:
+                pipe.set(self._key(job_id, f"event:{event_id}"), 1, ex=DECISION_MARKER_TTL_S)
+            await pipe.execute()
 
     async def events(self, job_id: str, limit: int = 20) -> list[dict[str, Any]]:
         return await self._recent_json(job_id, "events", limit)

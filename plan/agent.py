@@ -30,8 +30,13 @@ def register(runtime: Runtime) -> None:
     async def process(value: bytes) -> None:
         analysis = Analysis.model_validate_json(value)
         job = analysis.job_id
-        if not await knowledge.claim_window_for_plan(job, analysis.window_end):
-            return  # a redelivered analysis: its decision was already made
+        if await knowledge.window_done(job, "plan", analysis.window_end):
+            # A redelivered analysis: its decision was made; publish it again, same decision id, in
+            # case the crash came between commit and publish (execute runs each id once).
+            committed = await knowledge.committed_message(job, "plan", analysis.window_end)
+            if committed is not None:
+                await runtime.publish("decisions", job, committed.encode())
+            return
         config = await knowledge.job_config(job)
         state = await knowledge.state(job)
         rescaling = await knowledge.lock_holder(job) is not None
@@ -41,11 +46,12 @@ def register(runtime: Runtime) -> None:
             if downtimes else None
         plan, updates = guarded_plan(analysis, config, state, rescaling, restart_time_s=restart,
                                      downtimes=by_direction)
+        history: dict[str, str] = {}
         if analysis.recovery is not None:
             notice = recovery_notice(analysis.recovery, state.get("pending_recovery"))
             plan = replace(plan, notices=[*plan.notices, notice])
             updates.setdefault("pending_recovery", None)  # unless this window rescales again
-            await knowledge.record_recovery(job, json.dumps({"window_end": analysis.window_end, **notice.numbers}))
+            history["recoveries"] = json.dumps({"window_end": analysis.window_end, **notice.numbers})
         quota = runtime.settings.slot_quota
         if quota is not None and not rescaling:
             scaling_up = plan.action is Action.SCALE_UP
@@ -61,8 +67,6 @@ def register(runtime: Runtime) -> None:
                 updates["quota_bound"] = True
             elif state.get("quota_bound"):
                 updates["quota_bound"] = False
-        if updates:
-            await knowledge.set_state(job, **updates)
         decision = ScalingDecision(
             job_id=job,
             window_end=analysis.window_end,
@@ -78,8 +82,11 @@ def register(runtime: Runtime) -> None:
             mode=config.mode.value,
             closed_at=analysis.closed_at,
         )
-        await knowledge.record_decision(job, decision.model_dump_json())
-        await runtime.publish("decisions", job, decision.to_bytes())
+        message = decision.model_dump_json()
+        if not await knowledge.commit_window(job, "plan", analysis.window_end, message, state=updates,
+                                             history=history):
+            return  # another worker decided this window meanwhile and publishes its decision
+        await runtime.publish("decisions", job, message.encode())
         metrics.DECISION_LATENCY.observe(max(0.0, time.time() - analysis.closed_at))
         metrics.DECISIONS.labels(job, decision.action.value, plan.reason.code).inc()
         if decision.action is Action.NONE and plan.recommended not in (None, analysis.parallelism):

@@ -1,0 +1,81 @@
+"""Broker loss: the Kafka-protocol broker is stopped and started again, empty (the embedded broker
+keeps nothing on disk). The agents reconnect, create their topics again and carry on deciding."""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agent.processes import Service, free_port, start_broker
+from agent.settings import Settings
+from tests.conftest import start_agents, unique_topics, wait_until
+from tests.integration.test_agents import accepted_reports, prometheus_samples
+from tests.reliability.helpers import EAGER, Ledger, ReportStream, readiness, register
+
+pytestmark = [pytest.mark.integration, pytest.mark.reliability]
+
+
+def rejected_reports(port: int) -> float:
+    return sum(value for _, value in prometheus_samples(port, "autoscaler_reports_rejected_total"))
+
+
+def test_agents_reconnect_and_recreate_their_topics_after_a_broker_restart(
+    redis_service: Service, tmp_path: Path
+) -> None:
+    port = free_port()
+    broker = start_broker(port, tmp_path / "broker.log")
+    settings = Settings(
+        kafka_bootstrap=f"127.0.0.1:{port}", redis_url=f"redis://127.0.0.1:{redis_service.port}/0",
+        topics=unique_topics(), topic_partitions=4, app_id=f"autoscaler-{uuid.uuid4().hex[:6]}",
+        web_port=free_port(),
+    )
+    jobs = [f"restart-{uuid.uuid4().hex[:4]}-{i}" for i in range(2)]
+    register(settings, jobs, **EAGER, mode="recommend")
+    worker = start_agents(settings, tmp_path / "agents.log")
+    ledger = Ledger(settings)
+    try:
+        with ReportStream(settings, jobs, speedup=10.0) as stream:
+            wait_until(lambda: (ledger.poll(), len(ledger.decisions()) >= 6)[1], timeout=90,
+                       message="decisions before the restart")
+            broker.stop()
+            stopped_at = time.time()
+            accepted_before = accepted_reports(worker.web_port)
+            rejected_before = rejected_reports(worker.web_port)
+            time.sleep(3)
+            broker = start_broker(port, tmp_path / "broker.log")
+            restarted_at = time.time()
+            # The new broker is empty: whatever the agents publish now, they published after it came.
+            before = len(ledger.decisions())
+            wait_until(lambda: (ledger.poll(), len(ledger.decisions()) >= before + 6)[1], timeout=120,
+                       message="decisions from the restarted broker")
+            first_after = min(at for at, _ in ledger.decisions_received()[before:]) - restarted_at
+            assert worker.process.poll() is None, "the agents died with the broker"
+            assert readiness(worker.web_port)[0] == 200
+        assert not stream.failed, stream.failed
+        # Every report the new broker received was used: none skipped for its (reused) offset.
+        counts: dict[str, float] = {}
+
+        def all_used() -> bool:
+            delivered = sum(1 for at in stream.delivered_at if at > restarted_at)
+            counts.update(accepted=accepted_reports(worker.web_port) - accepted_before, on_broker=delivered,
+                          rejected=rejected_reports(worker.web_port) - rejected_before)
+            return counts["accepted"] + counts["rejected"] == counts["on_broker"]
+
+        try:
+            wait_until(all_used, timeout=30, message="every report on the new broker accepted")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {counts}") from None
+        after = [d for _, d in ledger.decisions_received()[before:]]
+        # Decisions follow the reports sent after the restart, window after window.
+        ends = sorted({d.window_end for d in after if d.job_id == jobs[0]})
+        assert len(ends) >= 3 and all(b - a == settings.loop_interval_s for a, b in itertools.pairwise(ends))
+        print(f"\nbroker restart: down {restarted_at - stopped_at:.0f} s; first decision {first_after:.1f} s after "
+              "it came back")
+    finally:
+        ledger.close()
+        worker.stop()
+        broker.stop()
