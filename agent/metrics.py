@@ -47,5 +47,5 @@ ARRIVAL_RATE = Gauge("autoscaler_arrival_rate", "Records per second arriving at 
                      registry=REGISTRY)
 DECISION_LATENCY = Histogram(
     "autoscaler_window_to_decision_seconds", "Wall time from closing a window to publishing its decision.",
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5), registry=REGISTRY,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=REGISTRY,
 )

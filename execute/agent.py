@@ -78,6 +78,8 @@ def register(runtime: Runtime) -> None:
             ))
         if decision.action is not Action.NONE and decision.mode == "auto":
             await rescale(decision)
+        elif not decision.notices:
+            return  # nothing was done, so nothing can be done twice: no marker to keep
         await knowledge.mark_decision_done(job, decision.decision_id)
 
     async def rescale(decision: ScalingDecision) -> None:

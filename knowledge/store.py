@@ -16,7 +16,8 @@ import redis.asyncio as aioredis
 from agent.settings import Settings
 from knowledge.jobs import JobConfig, validate_overrides
 
-DECISION_MARKER_TTL_S = 7 * 24 * 3600
+# Long past any redelivery (offsets not yet committed) or republication (recent windows).
+DECISION_MARKER_TTL_S = 24 * 3600
 # How far back a redelivered window's message is looked for in the stage's history: a redelivery
 # reaches back only over windows whose offsets were not yet committed to the broker.
 REPUBLISH_SCAN = 16

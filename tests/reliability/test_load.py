@@ -1,0 +1,37 @@
+"""Load: 1,000 jobs, each reporting every second, through two agent workers on their own broker
+and Redis (bench/load.py). The agents keep up and their memory, and Redis's, level off.
+
+CI runs 2.5 minutes of it, for CI's time budget; `python -m bench.load --jobs 1000 --minutes 10` runs
+the full 10 minutes (figures in docs/reliability.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from bench.load import run
+
+pytestmark = [pytest.mark.integration, pytest.mark.reliability]
+
+
+def test_a_thousand_jobs_reporting_every_second_are_kept_up_with_in_bounded_memory(tmp_path: Path) -> None:
+    result = run(jobs=1000, minutes=2.5, workers=2, history_length=10, sample_s=10.0, workdir=tmp_path,
+                 console=Console(quiet=True))
+    summary = result.summary()
+    print(f"\nload: {summary}")
+    assert result.behind_s < 2.0, "the load generator itself fell behind: the figures would mean nothing"
+    # Kept up: never more than 5 s of reports waiting, and nothing left soon after the load stops.
+    assert result.max_lag <= 5 * 1000, [s.lag for s in result.samples]
+    assert result.drain_s is not None and result.drain_s <= 15
+    # Nothing lost: one decision for every window the reports closed.
+    assert result.decisions == result.windows_expected
+    # Bounded: once the job histories are full (10 windows = 100 s of metric time), neither the
+    # workers nor Redis keep growing.
+    settled = [s for s in result.samples if 110 <= s.at_s < 130]
+    late = [s for s in result.samples if s.at_s >= 130]
+    assert late and settled
+    for worker in range(2):
+        assert max(s.worker_rss_mb[worker] for s in late) <= 1.1 * max(s.worker_rss_mb[worker] for s in settled)
+    assert max(s.redis_used_mb for s in late) <= 1.05 * max(s.redis_used_mb for s in settled)
