@@ -22,7 +22,7 @@ async def until_done(
     work: Callable[[], Awaitable[T]],
     what: str,
     first_delay: float = 0.2,
-    max_delay: float = 5.0,
+    max_delay: float = 2.0,  # a Redis that is back is used again within 2 s
     settings: Settings | None = None,
 ) -> T:
     """Run `work` until it succeeds, backing off while knowledge (Redis) is unreachable.
