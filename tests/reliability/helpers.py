@@ -19,11 +19,18 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from agent.contracts import EventType, MetricReport, RescaleCommand, ScalingDecision, ScalingEvent, SourceMetrics
 from agent.settings import Settings
 from agent.topics import ensure_topics, kafka_client_config
+from bench.proactive_live import isolated_settings
 from knowledge.store import Knowledge
 
 # Tuned so that every window yields a decision and an overloaded job asks for more slots at once.
 EAGER = {"target_utilization": "1.0", "utilization_band": "0", "stabilization_windows": "0", "min_samples": "1",
          "catch_up_duration_s": "1e9"}
+
+
+def settings_for(broker_port: int, redis_port: int) -> Settings:
+    """Settings for a test's own broker and Redis, with topics and a consumer group of its own."""
+    run = uuid.uuid4().hex[:6]
+    return isolated_settings(broker_port, redis_port, f"t{run}", f"autoscaler-{run}", loop_interval_s=10.0)
 
 
 def register(settings: Settings, jobs: list[str], **overrides: str) -> None:

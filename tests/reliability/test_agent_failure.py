@@ -35,7 +35,7 @@ def test_a_killed_worker_loses_no_decision_and_executes_none_twice(settings: Set
             victim = workers[0]
             os.killpg(victim.process.pid, signal.SIGKILL)
             killed_at = time.time()
-            ledger.watch(40)  # the session timeout (10 s), the rebalance and 30 s more of reports
+            ledger.watch(30)  # the session timeout (10 s), the rebalance and 20 s more of reports
         assert not stream.failed, stream.failed
         wait_until(lambda: (ledger.poll(), not missing_decisions(ledger, stream, settings.loop_interval_s))[1],
                    timeout=120, message="a decision for every closed window")

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from agent.processes import Service, free_port, start_broker
-from agent.settings import Settings
-from tests.conftest import start_agents, unique_topics, wait_until
+from tests.conftest import start_agents, wait_until
 from tests.integration.test_agents import accepted_reports, prometheus_samples
-from tests.reliability.helpers import EAGER, Ledger, ReportStream, readiness, register
+from tests.reliability.helpers import EAGER, Ledger, ReportStream, readiness, register, settings_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 
@@ -28,11 +27,7 @@ def test_agents_reconnect_and_recreate_their_topics_after_a_broker_restart(
 ) -> None:
     port = free_port()
     broker = start_broker(port, tmp_path / "broker.log")
-    settings = Settings(
-        kafka_bootstrap=f"127.0.0.1:{port}", redis_url=f"redis://127.0.0.1:{redis_service.port}/0",
-        topics=unique_topics(), topic_partitions=4, app_id=f"autoscaler-{uuid.uuid4().hex[:6]}",
-        web_port=free_port(),
-    )
+    settings = settings_for(port, redis_service.port)
     jobs = [f"restart-{uuid.uuid4().hex[:4]}-{i}" for i in range(2)]
     register(settings, jobs, **EAGER, mode="recommend")
     worker = start_agents(settings, tmp_path / "agents.log")

@@ -4,15 +4,22 @@ decide nothing meanwhile and then continue where they were: no window is left wi
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from agent.processes import Service, free_port, start_redis
-from agent.settings import Settings
-from tests.conftest import start_agents, unique_topics, wait_until
-from tests.reliability.helpers import EAGER, Ledger, ReportStream, audit, missing_decisions, readiness, register
+from tests.conftest import start_agents, wait_until
+from tests.reliability.helpers import (
+    EAGER,
+    Ledger,
+    ReportStream,
+    audit,
+    missing_decisions,
+    readiness,
+    register,
+    settings_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 
@@ -21,11 +28,7 @@ def test_agents_wait_out_a_redis_outage_and_resume_without_losing_a_window(broke
     redis_port = free_port()
     data = tmp_path / "redis-data"
     redis = start_redis(redis_port, tmp_path / "redis.log", data_dir=data)
-    settings = Settings(
-        kafka_bootstrap=f"127.0.0.1:{broker.port}", redis_url=f"redis://127.0.0.1:{redis_port}/0",
-        topics=unique_topics(), topic_partitions=4, app_id=f"autoscaler-{uuid.uuid4().hex[:6]}",
-        web_port=free_port(),
-    )
+    settings = settings_for(broker.port, redis_port)
     jobs = ["outage-a", "outage-b"]
     register(settings, jobs, **EAGER, mode="recommend")
     worker = start_agents(settings, tmp_path / "agents.log")
