@@ -12,10 +12,10 @@ import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from agent.metrics import REGISTRY
-from agent.security import faust_credentials, redact
-from agent.settings import Settings
-from agent.topics import TopicKeeper
+from contracts.metrics import REGISTRY
+from contracts.settings import Settings
+from infra.kafka import TopicKeeper
+from infra.security import faust_credentials, redact
 from knowledge.store import Knowledge
 
 STAGES = ("monitor", "analyze", "plan", "execute")

@@ -12,8 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agent.contracts import CONTRACTS, json_schema_text
-from agent.settings import get_settings
+from contracts.messages import CONTRACTS, json_schema_text
+from contracts.settings import get_settings
 
 app = typer.Typer(help="A MAPE-K autoscaler for streaming pipelines.", no_args_is_help=True)
 jobs_app = typer.Typer(help="Register and list jobs.", no_args_is_help=True)
@@ -30,7 +30,7 @@ DEMO_SHAPE = "steps:120:90,560:240,120:150"
 def _mount_optional() -> None:
     """The Spark side needs the `spark` extra; without it these commands are simply absent."""
     try:
-        from execute.job_cli import job_app
+        from agent.job_cli import job_app
 
         app.add_typer(job_app, name="job", help="Run a Spark job under the autoscaler's control.")
     except ImportError:
@@ -59,7 +59,7 @@ def agents(
 ) -> None:
     """Run the agents (all four stages in one worker by default)."""
     from agent.app import STAGES, create_app
-    from agent.topics import ensure_topics
+    from infra.kafka import ensure_topics
 
     settings = get_settings()
     if web_port is not None:
@@ -76,7 +76,7 @@ def agents(
 @app.command()
 def topics() -> None:
     """Create the autoscaler's topics if they are missing."""
-    from agent.topics import ensure_topics
+    from infra.kafka import ensure_topics
 
     created = ensure_topics(get_settings())
     console.print(f"created: {', '.join(created) or 'none (all exist)'}")
@@ -128,7 +128,7 @@ def jobs_register(
     job_id: str, settings: Annotated[list[str] | None, typer.Argument(help="key=value overrides")] = None
 ) -> None:
     """Register a job (reports of unknown jobs are dead-lettered), optionally with settings."""
-    from knowledge.jobs import ConfigError, parse_assignments
+    from contracts.jobs import ConfigError, parse_assignments
 
     try:
         overrides = parse_assignments(settings or [])
@@ -142,7 +142,7 @@ def jobs_register(
 @config_app.command("set")
 def config_set(job_id: str, settings: Annotated[list[str], typer.Argument(help="key=value")]) -> None:
     """Change a registered job's settings; invalid values are refused and nothing is changed."""
-    from knowledge.jobs import ConfigError, parse_assignments
+    from contracts.jobs import ConfigError, parse_assignments
 
     try:
         config = _knowledge_call(lambda k: k.set_config(job_id, parse_assignments(settings)))
@@ -155,7 +155,7 @@ def config_set(job_id: str, settings: Annotated[list[str], typer.Argument(help="
 @config_app.command("unset")
 def config_unset(job_id: str, keys: Annotated[list[str], typer.Argument(help="settings to reset")]) -> None:
     """Return settings to their defaults (from `AUTOSCALER_*`)."""
-    from knowledge.jobs import ConfigError, parse_assignments
+    from contracts.jobs import ConfigError, parse_assignments
 
     try:
         parse_assignments([f"{key}=" for key in keys])  # known keys only
@@ -169,7 +169,7 @@ def config_unset(job_id: str, keys: Annotated[list[str], typer.Argument(help="se
 @config_app.command("show")
 def config_show(job_id: str) -> None:
     """The job's effective configuration and where each value comes from."""
-    from knowledge.jobs import JobConfig
+    from contracts.jobs import JobConfig
 
     async def collect(k):  # type: ignore[no-untyped-def]
         if not await k.job_exists(job_id):
@@ -280,7 +280,7 @@ def stack_up(
     agents_too: Annotated[bool, typer.Option("--agents/--no-agents", help="Also start the agents.")] = True,
 ) -> None:
     """Start the broker, Redis (unless one answers) and the agents in the background."""
-    from agent.stack import Stack
+    from stack.embedded import Stack
 
     Stack(get_settings()).up(with_agents=agents_too, console=console)
 
@@ -288,7 +288,7 @@ def stack_up(
 @stack_app.command("down")
 def stack_down() -> None:
     """Stop everything `stack up` started, and nothing else."""
-    from agent.stack import Stack
+    from stack.embedded import Stack
 
     Stack(get_settings()).down(console=console)
 
@@ -296,7 +296,7 @@ def stack_down() -> None:
 @stack_app.command("status")
 def stack_status() -> None:
     """What the embedded stack runs."""
-    from agent.stack import Stack
+    from stack.embedded import Stack
 
     Stack(get_settings()).status(console=console)
 

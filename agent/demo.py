@@ -10,13 +10,13 @@ import time
 from confluent_kafka import KafkaError
 from rich.console import Console
 
-from agent.contracts import Analysis, ScalingDecision, ScalingEvent
-from agent.processes import spawn, stop_pid
-from agent.settings import Settings
-from agent.stack import Stack, state_dir
-from agent.topics import ensure_topics
 from agent.watch import consumer, describe_decision, describe_event
+from contracts.messages import Analysis, ScalingDecision, ScalingEvent
+from contracts.settings import Settings
+from infra.kafka import ensure_topics
 from knowledge.store import Knowledge
+from stack.embedded import Stack, state_dir
+from stack.processes import spawn, stop_pid
 
 JOB = "demo"
 

@@ -9,9 +9,9 @@ import uuid
 from confluent_kafka import Consumer
 from rich.console import Console
 
-from agent.contracts import ScalingDecision, ScalingEvent
-from agent.settings import Settings
-from agent.topics import group_consumer_config
+from contracts.messages import ScalingDecision, ScalingEvent
+from contracts.settings import Settings
+from infra.kafka import group_consumer_config
 
 
 def consumer(settings: Settings, topics: list[str], group: str | None = None) -> Consumer:

@@ -9,13 +9,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agent import metrics
 from agent.app import Runtime
-from agent.contracts import MetricWindow
-from agent.resilience import until_done
 from analyze.forecasting import Forecasting
 from analyze.proactive import Learned, forecast_config, forecast_view, learn, new_learned
 from analyze.true_rates import analyze_window
+from contracts import metrics
+from contracts.messages import MetricWindow
+from infra.resilience import until_done
 from monitor.validation import Rejection, dead_letter
 
 log = logging.getLogger("autoscaler.analyze")

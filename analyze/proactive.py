@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.contracts import Analysis, CapacityView, ForecastView, MetricWindow, RecoveryView
 from analyze.anomaly import RecoveryDetector
 from analyze.capacity import CapacityEstimate, CapacityModel, IdleWindow, UnknownCapacity, choose_capacity
 from analyze.forecast import Forecast, ForecastConfig, ForecastDecision
+from contracts.messages import Analysis, CapacityView, ForecastView, MetricWindow, RecoveryView
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.contracts import Analysis, MetricWindow, OperatorAnalysis, OperatorWindow
+from contracts.messages import Analysis, MetricWindow, OperatorAnalysis, OperatorWindow
 
 # Below this much useful time a window's rates are mostly noise (one task's scheduling jitter).
 MIN_BUSY_TIME_S = 0.05

@@ -13,9 +13,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.contracts import Action, Analysis
+from contracts.jobs import JobConfig
+from contracts.messages import Action, Analysis
 from execute.agent import STALE_WINDOW_BUDGET
-from knowledge.jobs import JobConfig
 from plan.controls import RESTART_HISTORY, guarded_plan
 from plan.recovery import expected_restart_time
 

@@ -48,13 +48,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agent.contracts import Analysis, MetricReport, MetricWindow
 from analyze.capacity import CapacityModel, UnknownCapacity, worker_capacity
 from analyze.proactive import Learned, learn, new_learned
 from analyze.true_rates import analyze_window
 from analyze.welford import CoMoments
 from bench.ingest import machine_info
 from bench.spark_capacity import INPUT, Metrics, job_config, summarize
+from contracts.messages import Analysis, MetricReport, MetricWindow
 from monitor.windows import add_report
 from pipeline.demo import DEFAULT_BATCH_SECONDS, batch_limit
 
@@ -270,10 +270,10 @@ def run_scale_out(
     backlog_tolerance_s: float,
     max_utilization: float,
 ) -> tuple[Learned, ScaleOutResult]:
-    from agent.processes import start_broker
     from execute.runner import JobRunner
     from pipeline.kafka_admin import ensure_topic
     from pipeline.loadgen import Constant, Steps, generate_load
+    from stack.processes import start_broker
 
     wall = time.monotonic()
     broker = start_broker()

@@ -16,10 +16,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.contracts import Action
 from analyze.true_rates import analyze_window
 from bench.jobmodel import JobModel, JobState, Operator, advance, report
-from knowledge.jobs import JobConfig
+from contracts.jobs import JobConfig
+from contracts.messages import Action
 from monitor.windows import add_report, close_window
 from plan.ds2 import plan_ds2
 

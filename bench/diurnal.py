@@ -38,7 +38,7 @@ from bench.simulator import (
     simulate,
     slots_needed,
 )
-from knowledge.jobs import JobConfig, parse_assignments
+from contracts.jobs import JobConfig, parse_assignments
 
 HERE = Path(__file__).resolve().parent
 TRACE = HERE / "traces" / "wiki_en_5min.csv"
@@ -68,7 +68,7 @@ def code_version() -> dict[str, Any]:
     """Which planner produced the numbers: the commit, which of the files involved differ from it,
     and their hashes (the planner changes often; results must say which one they measured)."""
     root = HERE.parent
-    files = ["plan/agent.py", "plan/ds2.py", "plan/controls.py", "knowledge/jobs.py", "analyze/true_rates.py",
+    files = ["plan/agent.py", "plan/ds2.py", "plan/controls.py", "contracts/jobs.py", "analyze/true_rates.py",
              "monitor/windows.py", "bench/simulator.py", "bench/baselines.py"]
     info: dict[str, Any] = {"sha256": {f: hashlib.sha256((root / f).read_bytes()).hexdigest()[:16]
                                        for f in files if (root / f).exists()}}

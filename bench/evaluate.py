@@ -36,7 +36,6 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from agent.contracts import Action, Analysis, ForecastView
 from analyze.forecast import ForecastState, fit_model, install_model, step
 from analyze.proactive import forecast_config, forecast_view, learn, new_learned
 from analyze.true_rates import analyze_window
@@ -46,8 +45,9 @@ from bench.flink_policy import FlinkStylePolicy
 from bench.jobmodel import JobModel, JobState, Operator, advance, report, rescale
 from bench.oracle import oracle_with_restarts, oracle_without_restarts
 from bench.simulator import Policy
-from knowledge.jobs import JobConfig
-from knowledge.jobs import Policy as JobPolicy
+from contracts.jobs import JobConfig
+from contracts.jobs import Policy as JobPolicy
+from contracts.messages import Action, Analysis, ForecastView
 from monitor.windows import add_report, close_window
 from pipeline.loadgen import read_trace
 from pipeline.loadgen import rescale as rescale_trace

@@ -21,8 +21,6 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from agent.contracts import EventType
-from agent.processes import start_broker, start_redis, stop_pid
 from bench.evaluate import (
     NATIVE_ROW_SECONDS,
     PROACTIVE,
@@ -37,7 +35,9 @@ from bench.evaluate import (
     simulate,
 )
 from bench.proactive_live import LiveRun, isolated_settings, run_live
-from knowledge.jobs import Policy as JobPolicy
+from contracts.jobs import Policy as JobPolicy
+from contracts.messages import EventType
+from stack.processes import start_broker, start_redis, stop_pid
 
 if TYPE_CHECKING:
     from bench.evaluate import EvalSettings, Trace

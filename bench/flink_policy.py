@@ -10,7 +10,7 @@ import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from agent.contracts import Analysis
+from contracts.messages import Analysis
 
 # Ceilings ignore floating-point noise (4.0000000001 slots is 4 slots), as in bench.simulator.
 EPSILON = 1e-9

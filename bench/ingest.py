@@ -34,12 +34,12 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from agent.contracts import MetricReport, OperatorMetrics, ScalingDecision, SourceMetrics
-from agent.processes import Service, free_port, start_broker, start_redis, stop_pid, wait_for_port
-from agent.settings import Settings, Topics
-from agent.topics import ensure_topics
+from contracts.messages import MetricReport, OperatorMetrics, ScalingDecision, SourceMetrics
+from contracts.settings import Settings, Topics
+from infra.kafka import ensure_topics
 from knowledge.store import Knowledge
 from monitor.windows import window_start_for
+from stack.processes import Service, free_port, start_broker, start_redis, stop_pid, wait_for_port
 
 T = TypeVar("T")
 

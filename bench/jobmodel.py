@@ -29,7 +29,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from agent.contracts import MetricReport, OperatorMetrics, SourceMetrics
+from contracts.messages import MetricReport, OperatorMetrics, SourceMetrics
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from agent.processes import free_port, spawn, start_broker, start_redis, stop_pid, wait_for_port
-from agent.settings import Settings, settings_env
-from agent.topics import ensure_topics, kafka_client_config
 from bench.proactive_live import isolated_settings
+from contracts.settings import Settings, settings_env
+from infra.kafka import ensure_topics, kafka_client_config
 from knowledge.store import Knowledge
+from stack.processes import free_port, spawn, start_broker, start_redis, stop_pid, wait_for_port
 
 RESULTS = Path(__file__).parent / "results"
 

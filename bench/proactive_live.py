@@ -25,11 +25,11 @@ from confluent_kafka import Consumer
 from rich.console import Console
 from rich.table import Table
 
-from agent.contracts import Analysis, EventType, ScalingDecision, ScalingEvent
-from agent.processes import free_port, spawn, start_broker, start_redis, stop_pid, wait_for_port
-from agent.settings import Settings, Topics, settings_env
-from agent.topics import ensure_topics, group_consumer_config
+from contracts.messages import Analysis, EventType, ScalingDecision, ScalingEvent
+from contracts.settings import Settings, Topics, settings_env
+from infra.kafka import ensure_topics, group_consumer_config
 from knowledge.store import Knowledge
+from stack.processes import free_port, spawn, start_broker, start_redis, stop_pid, wait_for_port
 
 JOB = "demo"
 RESULTS = Path(__file__).parent / "results"

@@ -35,15 +35,15 @@ from rich.table import Table
 from threadpoolctl import threadpool_info, threadpool_limits
 
 import analyze.forecasting as forecasting_module
-from agent.processes import Service, start_redis
-from agent.settings import Settings
 from analyze.forecast import ForecastConfig, ForecastState, fit_model, load_model, update_model
 from analyze.forecasting import Forecasting
 from analyze.proactive import forecast_config
 from bench.diurnal import code_version
 from bench.forecast_accuracy import TRACES, load_series, packages
 from bench.ingest import machine_info, percentile, process_cpu_seconds
+from contracts.settings import Settings
 from knowledge.store import Knowledge
+from stack.processes import Service, start_redis
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

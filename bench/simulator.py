@@ -29,8 +29,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from agent.contracts import Analysis, MetricReport, SourceMetrics
 from analyze.true_rates import analyze_window
+from contracts.messages import Analysis, MetricReport, SourceMetrics
 from monitor.windows import WindowState, add_report
 
 # Metric time of simulated second 0: window-aligned, so windows start at whole multiples.

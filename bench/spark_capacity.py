@@ -23,12 +23,12 @@ from typing import Annotated
 import typer
 from confluent_kafka import Consumer, TopicPartition
 
-from agent.contracts import MetricReport
-from agent.processes import start_broker
-from agent.settings import Settings, Topics
+from contracts.messages import MetricReport
+from contracts.settings import Settings, Topics
 from execute.runner import JobRunner, RunnerConfig
 from pipeline.kafka_admin import ensure_topic
 from pipeline.loadgen import Constant, generate_load
+from stack.processes import start_broker
 
 app = typer.Typer(help=__doc__, no_args_is_help=True)
 INPUT = "bench.input"

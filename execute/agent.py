@@ -11,9 +11,9 @@ import time
 import uuid
 from typing import Any
 
-from agent import metrics
 from agent.app import Runtime
-from agent.contracts import (
+from contracts import metrics
+from contracts.messages import (
     Action,
     EventType,
     RescaleCommand,
@@ -22,7 +22,7 @@ from agent.contracts import (
     ScalingDecision,
     ScalingEvent,
 )
-from agent.resilience import until_done
+from infra.resilience import until_done
 
 log = logging.getLogger("autoscaler.execute")
 

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from agent.contracts import RescaleCommand, RunnerReport, RunnerStatus
-from agent.security import check_entry_point, kafka_security_config, redact
-from agent.settings import Settings, get_settings
+from contracts.messages import RescaleCommand, RunnerReport, RunnerStatus
+from contracts.settings import Settings, get_settings
+from infra.security import check_entry_point, kafka_security_config, redact
 from pipeline import offsets as off
 from pipeline.job import BuildFunction, JobContext, load_entry_point
 from pipeline.kafka_source import clear_pause, stop_between_batches
@@ -435,7 +435,7 @@ class CommandConsumer:
         from confluent_kafka import Consumer
 
         self.topic = topic
-        from agent.topics import group_consumer_config
+        from infra.kafka import group_consumer_config
 
         # Commands older than the runner's max age are dropped anyway; reading from the start
         # means a command sent while the runner was (re)joining is not lost.

@@ -13,8 +13,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from agent.settings import Settings
-from knowledge.jobs import JobConfig, validate_overrides
+from contracts.jobs import JobConfig, validate_overrides
+from contracts.settings import Settings
 
 # Long past any redelivery (offsets not yet committed) or republication (recent windows).
 DECISION_MARKER_TTL_S = 24 * 3600
@@ -51,7 +51,7 @@ class Knowledge:
     def __init__(self, settings: Settings, client: aioredis.Redis | None = None, prefix: str = "autoscaler"):
         self.settings = settings
         self.prefix = prefix
-        from agent.security import redis_client_kwargs  # AUTH and TLS from settings
+        from infra.security import redis_client_kwargs  # AUTH and TLS from settings
 
         security = redis_client_kwargs(settings)
         self.redis: aioredis.Redis = client or aioredis.from_url(

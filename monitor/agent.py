@@ -11,10 +11,10 @@ import time
 from collections import Counter
 from typing import Any
 
-from agent import metrics
 from agent.app import Runtime
-from agent.contracts import DeadLetter, MetricReport, MetricWindow
-from agent.resilience import until_done
+from contracts import metrics
+from contracts.messages import DeadLetter, MetricReport, MetricWindow
+from infra.resilience import until_done
 from monitor.validation import Rejection, dead_letter, parse_report
 from monitor.windows import RefusedReport, WindowState, add_report, already_applied
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from agent.contracts import METRIC_REPORT_VERSION, DeadLetter, MetricReport
+from contracts.messages import METRIC_REPORT_VERSION, DeadLetter, MetricReport
 
 # Dead letters keep the rejected bytes whole up to this size (base64 grows them by a third and
 # Kafka's default record limit is 1 MiB).

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agent.contracts import MetricReport, MetricWindow, OperatorWindow, SourceWindow, WorkerWindow
+from contracts.messages import MetricReport, MetricWindow, OperatorWindow, SourceWindow, WorkerWindow
 
 WindowState = dict[str, Any]
 

@@ -17,7 +17,7 @@ def ensure_topic(
 ) -> None:
     """Create `topic` unless it exists; an existing topic keeps its partition count.
 
-    `security`: SASL/SSL client properties (agent.security.kafka_security_config)."""
+    `security`: SASL/SSL client properties (infra.security.kafka_security_config)."""
     admin = AdminClient({"bootstrap.servers": bootstrap, **(security or {})})
     futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
     for future in futures.values():

@@ -248,7 +248,7 @@ def generate_load(
 ) -> LoadResult:
     """Produce demo records following `shape` until its end, `duration_s`, or `stop_event`.
 
-    `security`: SASL/SSL client properties (agent.security.kafka_security_config)."""
+    `security`: SASL/SSL client properties (infra.security.kafka_security_config)."""
     from confluent_kafka import Producer
 
     from pipeline.kafka_admin import ensure_topic
@@ -332,8 +332,8 @@ def run(
     quiet: Annotated[bool, typer.Option("--quiet")] = False,
 ) -> None:
     """Produce the load; print a JSON summary with the number of records produced."""
-    from agent.security import kafka_security_config
-    from agent.settings import get_settings
+    from contracts.settings import get_settings
+    from infra.security import kafka_security_config
 
     if (shape is None) == (trace is None):
         raise typer.BadParameter("give one of --shape or --trace")

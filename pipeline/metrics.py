@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from agent.contracts import MetricReport, SourceMetrics
+from contracts.messages import MetricReport, SourceMetrics
 from pipeline import offsets as off
 
 

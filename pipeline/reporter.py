@@ -35,9 +35,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pyspark.sql.streaming import StreamingQueryListener
 
-from agent.contracts import MetricReport
-from agent.security import kafka_security_config
-from agent.settings import get_settings
+from contracts.messages import MetricReport
+from contracts.settings import get_settings
+from infra.security import kafka_security_config
 from pipeline.metrics import IntervalAggregator, ProgressSample, StageTotals, StageTracker, sample_from_progress
 
 if TYPE_CHECKING:

@@ -8,11 +8,11 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from agent import metrics
 from agent.app import Runtime
-from agent.contracts import Action, Analysis, ScalingDecision
-from agent.resilience import until_done
-from knowledge.jobs import Mode
+from contracts import metrics
+from contracts.jobs import Mode
+from contracts.messages import Action, Analysis, ScalingDecision
+from infra.resilience import until_done
 from plan.controls import RESTART_HISTORY, apply_quota, guarded_plan
 from plan.proactive import recovery_notice
 from plan.recovery import expected_restart_time

@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from agent.contracts import Action, Analysis, DecisionReason
-from knowledge.jobs import JobConfig, Mode
-from knowledge.periods import excluded_at, parse_periods
+from contracts.jobs import JobConfig, Mode
+from contracts.messages import Action, Analysis, DecisionReason
+from contracts.periods import excluded_at, parse_periods
 from plan.ds2 import Plan, direction, hold, plan_ds2
 from plan.proactive import plan_proactive, predicted_recovery_s
 

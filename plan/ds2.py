@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass, field
 from graphlib import CycleError, TopologicalSorter
 
-from agent.contracts import Action, Analysis, DecisionReason, OperatorAnalysis
-from knowledge.jobs import JobConfig
+from contracts.jobs import JobConfig
+from contracts.messages import Action, Analysis, DecisionReason, OperatorAnalysis
 
 # Guards the ceiling against floating-point noise (4.0000000001 slots is 4 slots).
 EPSILON = 1e-9

@@ -12,9 +12,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agent.contracts import Analysis, DecisionReason, RecoveryView
 from analyze.capacity import UnknownCapacity, ds2_capacity, fit_scaling_curve
-from knowledge.jobs import JobConfig, Policy
+from contracts.jobs import JobConfig, Policy
+from contracts.messages import Analysis, DecisionReason, RecoveryView
 from plan.ds2 import Plan, direction
 from plan.recovery import choose_scale_out, expected_downtime, predict_recovery, replay_records
 

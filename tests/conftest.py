@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.processes import Service, free_port, start_broker, start_redis, stop_pid, wait_for_port
-from agent.settings import Settings, Topics, settings_env
+from contracts.settings import Settings, Topics, settings_env
+from stack.processes import Service, free_port, start_broker, start_redis, stop_pid, wait_for_port
 
 
 @pytest.fixture(scope="session")

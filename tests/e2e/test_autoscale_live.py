@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.contracts import Analysis, EventType, ScalingDecision, ScalingEvent
-from agent.processes import stop_pid
-from agent.settings import Settings
+from contracts.messages import Analysis, EventType, ScalingDecision, ScalingEvent
+from contracts.settings import Settings
+from stack.processes import stop_pid
 from tests.conftest import settings_env, start_agents
 from tests.integration.kafka_helpers import Collector
 from tests.integration.spark_helpers import TopicReader

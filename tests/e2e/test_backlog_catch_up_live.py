@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.contracts import Analysis, EventType, ScalingDecision, ScalingEvent
-from agent.processes import stop_pid
-from agent.settings import Settings
+from contracts.messages import Analysis, EventType, ScalingDecision, ScalingEvent
+from contracts.settings import Settings
+from stack.processes import stop_pid
 from tests.conftest import settings_env, start_agents
 from tests.e2e.test_autoscale_live import spawn
 from tests.integration.kafka_helpers import Collector

@@ -9,8 +9,8 @@ from typing import TypeVar
 
 from confluent_kafka import Consumer, Producer
 
-from agent.settings import Settings
-from agent.topics import ensure_topics, group_consumer_config, kafka_client_config
+from contracts.settings import Settings
+from infra.kafka import ensure_topics, group_consumer_config, kafka_client_config
 
 T = TypeVar("T")
 

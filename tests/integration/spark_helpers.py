@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from agent.processes import Service, start_broker
 from pipeline.kafka_admin import ensure_topic, topic_partitions
+from stack.processes import Service, start_broker
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import urllib.request
 
 import pytest
 
-from agent.contracts import DeadLetter, MetricReport, OperatorMetrics, ScalingDecision, SourceMetrics
-from agent.settings import Settings
+from contracts.messages import DeadLetter, MetricReport, OperatorMetrics, ScalingDecision, SourceMetrics
+from contracts.settings import Settings
 from knowledge.store import Knowledge
 from tests.conftest import AgentWorker
 from tests.integration.kafka_helpers import Collector, send
@@ -131,7 +131,7 @@ def test_bad_input_is_dead_lettered_with_a_reason_and_the_agents_keep_running(
 
 
 def test_each_stage_in_its_own_process_with_two_monitor_workers(settings: Settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from agent.processes import free_port
+    from stack.processes import free_port
     from tests.conftest import start_agents
 
     workers = []

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from agent.contracts import DeadLetter, MetricReport, ScalingDecision
-from agent.settings import Settings
+from contracts.messages import DeadLetter, MetricReport, ScalingDecision
+from contracts.settings import Settings
 from knowledge.store import Knowledge
 from tests.conftest import AgentWorker, wait_until
 from tests.integration.kafka_helpers import Collector, producer, send

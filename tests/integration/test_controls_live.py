@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.contracts import EventType, MetricReport, ScalingDecision, ScalingEvent, SourceMetrics
-from agent.settings import Settings
+from contracts.messages import EventType, MetricReport, ScalingDecision, ScalingEvent, SourceMetrics
+from contracts.settings import Settings
 from tests.conftest import AgentWorker, settings_env, start_agents
 from tests.integration.kafka_helpers import Collector, send
 from tests.integration.test_agents import prometheus_samples, register

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from agent.settings import Settings
+from contracts.settings import Settings
 from knowledge.store import Knowledge
 
 pytestmark = pytest.mark.integration

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from agent.processes import Service
 from pipeline.kafka_admin import LogEndProbe
 from pipeline.loadgen import Steps, expected_total, generate_load
+from stack.processes import Service
 from tests.integration.spark_helpers import TopicReader, bootstrap_of, broker
 
 pytestmark = pytest.mark.integration

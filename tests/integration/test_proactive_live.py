@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from agent.contracts import (
+from analyze.forecast import ForecastState
+from contracts.messages import (
     Analysis,
     EventType,
     MetricReport,
@@ -23,8 +24,7 @@ from agent.contracts import (
     SourceWindow,
     WorkerWindow,
 )
-from agent.settings import Settings
-from analyze.forecast import ForecastState
+from contracts.settings import Settings
 from knowledge.store import Knowledge
 from tests.conftest import start_agents, wait_until
 from tests.integration.kafka_helpers import Collector, send

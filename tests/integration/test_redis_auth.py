@@ -19,13 +19,13 @@ import pytest
 import redis.exceptions
 from confluent_kafka import Consumer, TopicPartition
 
-from agent.contracts import DeadLetter, ScalingDecision
-from agent.processes import Service, free_port, spawn, start_redis, stop_pid, wait_for_port
-from agent.security import redact
-from agent.settings import Settings
-from agent.stack import Stack
-from agent.topics import group_consumer_config
+from contracts.messages import DeadLetter, ScalingDecision
+from contracts.settings import Settings
+from infra.kafka import group_consumer_config
+from infra.security import redact
 from knowledge.store import Knowledge
+from stack.embedded import Stack
+from stack.processes import Service, free_port, spawn, start_redis, stop_pid, wait_for_port
 from tests.conftest import start_agents, unique_topics, wait_until
 from tests.integration.kafka_helpers import Collector, send
 from tests.integration.test_agents import register, three_operator_reports

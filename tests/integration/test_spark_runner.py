@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from agent.contracts import MetricReport, RescaleCommand, RunnerReport, RunnerStatus
-from agent.processes import Service
-from agent.settings import Settings, Topics
+from contracts.messages import MetricReport, RescaleCommand, RunnerReport, RunnerStatus
+from contracts.settings import Settings, Topics
 from execute.runner import Runner, RunnerConfig, RunnerState
 from pipeline import demo
 from pipeline.kafka_admin import ensure_topic
 from pipeline.loadgen import Constant, generate_load
+from stack.processes import Service
 from tests.integration.spark_helpers import TopicReader, bootstrap_of, broker
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.processes import free_port, pid_alive, port_open
+from stack.processes import free_port, pid_alive, port_open
 
 pytestmark = pytest.mark.integration
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from agent.contracts import EventType, MetricReport, RescaleCommand, ScalingDecision, ScalingEvent, SourceMetrics
-from agent.settings import Settings
-from agent.topics import ensure_topics, kafka_client_config
 from bench.proactive_live import isolated_settings
+from contracts.messages import EventType, MetricReport, RescaleCommand, ScalingDecision, ScalingEvent, SourceMetrics
+from contracts.settings import Settings
+from infra.kafka import ensure_topics, kafka_client_config
 from knowledge.store import Knowledge
 
 # Tuned so that every window yields a decision and an overloaded job asks for more slots at once.

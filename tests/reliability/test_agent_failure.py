@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.processes import free_port
-from agent.settings import Settings
+from contracts.settings import Settings
+from stack.processes import free_port
 from tests.conftest import start_agents, wait_until
 from tests.reliability.helpers import EAGER, Ledger, ReportStream, audit, missing_decisions, register
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.processes import Service, free_port, start_broker
+from stack.processes import Service, free_port, start_broker
 from tests.conftest import start_agents, wait_until
 from tests.integration.test_agents import accepted_reports, prometheus_samples
 from tests.reliability.helpers import EAGER, Ledger, ReportStream, readiness, register, settings_for

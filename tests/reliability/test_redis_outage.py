@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.processes import Service, free_port, start_redis
+from stack.processes import Service, free_port, start_redis
 from tests.conftest import start_agents, wait_until
 from tests.reliability.helpers import (
     EAGER,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.contracts import (
+from contracts.messages import (
     Action,
     DecisionReason,
     EventType,
@@ -27,9 +27,9 @@ from agent.contracts import (
     RunnerStatus,
     ScalingDecision,
 )
-from agent.processes import free_port, spawn, stop_pid
-from agent.settings import Settings, settings_env
+from contracts.settings import Settings, settings_env
 from pipeline.kafka_admin import ensure_topic
+from stack.processes import free_port, spawn, stop_pid
 from tests.conftest import start_agents, wait_until
 from tests.integration.kafka_helpers import Collector, send
 from tests.reliability.helpers import Ledger, register

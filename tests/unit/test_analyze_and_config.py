@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.contracts import MetricWindow, OperatorWindow, SourceWindow
-from agent.settings import Settings
 from analyze.true_rates import analyze_window
-from knowledge.jobs import ConfigError, JobConfig, parse_assignments, validate_overrides
+from contracts.jobs import ConfigError, JobConfig, parse_assignments, validate_overrides
+from contracts.messages import MetricWindow, OperatorWindow, SourceWindow
+from contracts.settings import Settings
 
 
 def window(**overrides: object) -> MetricWindow:

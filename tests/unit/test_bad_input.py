@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.contracts import DeadLetter, MetricReport, MetricWindow
+from contracts.messages import DeadLetter, MetricReport, MetricWindow
 from monitor import windows as windows_module
 from monitor.validation import MAX_QUANTITY, PARSE_REASONS, Rejection, dead_letter, parse_report
 from monitor.windows import (

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from agent.contracts import MetricReport, SourceMetrics
 from analyze.true_rates import analyze_window
 from bench.capacity_model import (
     Batch,
@@ -17,6 +16,7 @@ from bench.capacity_model import (
     skip_reason,
     windows_of,
 )
+from contracts.messages import MetricReport, SourceMetrics
 
 T0 = 1_795_000_000.0
 

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.contracts import Action, Analysis
-from agent.settings import Settings
-from knowledge.jobs import ConfigError, JobConfig, parse_assignments, validate_overrides
-from knowledge.periods import PeriodError, excluded_at, parse_periods
+from contracts.jobs import ConfigError, JobConfig, parse_assignments, validate_overrides
+from contracts.messages import Action, Analysis
+from contracts.periods import PeriodError, excluded_at, parse_periods
+from contracts.settings import Settings
 from plan.controls import (
     align,
     apply_quota,

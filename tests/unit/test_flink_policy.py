@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.contracts import Analysis
 from bench.flink_policy import FlinkStylePolicy, align_to_partitions
 from bench.simulator import EPOCH, SimConfig, make_workload, simulate
+from contracts.messages import Analysis
 
 WINDOW_S = 10.0
 

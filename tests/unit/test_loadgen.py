@@ -94,7 +94,7 @@ def test_cli_needs_one_shape() -> None:
 def test_job_cli_pairs() -> None:
     import typer
 
-    from execute.job_cli import parse_pairs
+    from agent.job_cli import parse_pairs
 
     assert parse_pairs(["cost_ms=4", "input_topic=a=b"], "--option") == {"cost_ms": "4", "input_topic": "a=b"}
     with pytest.raises(typer.BadParameter):

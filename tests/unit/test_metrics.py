@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.contracts import MetricReport
+from contracts.messages import MetricReport
 from pipeline.metrics import (
     IntervalAggregator,
     ProgressSample,

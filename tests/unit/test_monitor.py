@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.contracts import MetricReport, OperatorMetrics
+from contracts.messages import MetricReport, OperatorMetrics
 from monitor.validation import Rejection, dead_letter, parse_report
 from monitor.windows import LateReport, add_report, already_applied, window_start_for
 

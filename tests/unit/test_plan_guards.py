@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.contracts import Action
-from knowledge.jobs import JobConfig
+from contracts.jobs import JobConfig
+from contracts.messages import Action
 from plan.agent import guarded_plan
 from tests.unit.test_ds2 import analysis
 

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.contracts import Action, Analysis, CapacityView, ForecastView, MetricWindow, RecoveryView, SourceWindow
 from analyze.forecast import ForecastState, abandon_retrain
 from analyze.proactive import Learned, learn, new_learned
 from analyze.true_rates import analyze_window
-from knowledge.jobs import JobConfig, Policy
+from contracts.jobs import JobConfig, Policy
+from contracts.messages import Action, Analysis, CapacityView, ForecastView, MetricWindow, RecoveryView, SourceWindow
 from plan.controls import guarded_plan
 from plan.proactive import plan_proactive, predicted_recovery_s, recovery_notice, regression_capacity
 from tests.unit.test_ds2 import analysis

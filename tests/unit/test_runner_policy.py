@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.contracts import RescaleCommand, RunnerReport, RunnerStatus
+from contracts.messages import RescaleCommand, RunnerReport, RunnerStatus
 from execute.runner import (
     APPLIED_KEPT,
     RunnerFatal,

@@ -16,8 +16,10 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from agent.contracts import RescaleCommand, RunnerReport, RunnerStatus
-from agent.security import (
+from contracts.messages import RescaleCommand, RunnerReport, RunnerStatus
+from contracts.settings import Settings, settings_env
+from infra.kafka import group_consumer_config, kafka_client_config
+from infra.security import (
     EntryPointNotAllowed,
     check_entry_point,
     faust_credentials,
@@ -25,8 +27,6 @@ from agent.security import (
     redact,
     redis_client_kwargs,
 )
-from agent.settings import Settings, settings_env
-from agent.topics import group_consumer_config, kafka_client_config
 
 PASSWORD = "pa55-w0rd!"  # distinctive, so a leak is easy to spot
 
@@ -316,7 +316,7 @@ def test_redact_never_spells_a_secret_with_its_marker() -> None:
 def test_until_done_logs_redis_errors_redacted(caplog: pytest.LogCaptureFixture) -> None:
     import asyncio
 
-    from agent.resilience import until_done
+    from infra.resilience import until_done
 
     settings = Settings(redis_password=PASSWORD)
     calls = 0
@@ -385,7 +385,7 @@ def test_runner_refuses_an_unlisted_entry_point_before_importing_it(tmp_path: Pa
 def test_job_cli_refuses_an_unlisted_entry_point(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from execute.job_cli import job_app
+    from agent.job_cli import job_app
 
     result = CliRunner().invoke(job_app, [
         "run", "--job-id", "j", "--checkpoint-dir", str(tmp_path), "--entry", "os:system",

@@ -8,7 +8,6 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.contracts import Analysis
 from bench.baselines import OurPolicy, ThresholdPolicy
 from bench.simulator import (
     EPOCH,
@@ -19,7 +18,8 @@ from bench.simulator import (
     oracle,
     simulate,
 )
-from knowledge.jobs import JobConfig
+from contracts.jobs import JobConfig
+from contracts.messages import Analysis
 
 
 def constant(rate: float, ticks: int, per_slot: float = 100.0) -> Workload:

@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agent.settings import Settings
-from knowledge.periods import PeriodError, parse_periods
+from contracts.periods import PeriodError, parse_periods
+from contracts.settings import Settings
 
 
 class Mode(StrEnum):

@@ -9,8 +9,8 @@ from typing import TypeVar
 
 import redis.exceptions
 
-from agent.security import redact
-from agent.settings import Settings, get_settings
+from contracts.settings import Settings, get_settings
+from infra.security import redact
 
 T = TypeVar("T")
 log = logging.getLogger("autoscaler")

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from agent.settings import get_settings
+from contracts.settings import get_settings
 
 job_app = typer.Typer(help="Run Spark streaming jobs that the autoscaler rescales.", no_args_is_help=True)
 
@@ -80,7 +80,7 @@ def run(
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
 ) -> None:
     """Start the job and apply the RescaleCommands addressed to it until stopped (SIGTERM/Ctrl-C)."""
-    from agent.security import EntryPointNotAllowed, check_entry_point
+    from infra.security import EntryPointNotAllowed, check_entry_point
 
     settings = get_settings()
     try:

@@ -20,10 +20,10 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from agent.processes import pid_alive, port_open, spawn, start_broker, start_redis, stop_pid
-from agent.security import redact, redis_client_kwargs
-from agent.settings import Settings
-from agent.topics import ensure_topics
+from contracts.settings import Settings
+from infra.kafka import ensure_topics
+from infra.security import redact, redis_client_kwargs
+from stack.processes import pid_alive, port_open, spawn, start_broker, start_redis, stop_pid
 
 
 def state_dir() -> Path:

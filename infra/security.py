@@ -12,7 +12,7 @@ import ssl
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
-from agent.settings import Settings
+from contracts.settings import Settings
 
 if TYPE_CHECKING:
     from faust.types.auth import CredentialsT

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from agent.security import kafka_security_config
-from agent.settings import Settings
+from contracts.settings import Settings
+from infra.security import kafka_security_config
 
 
 def kafka_client_config(settings: Settings, bootstrap: str | None = None) -> dict[str, str]:
