@@ -14,9 +14,8 @@ from analyze.forecasting import Forecasting
 from analyze.proactive import Learned, forecast_config, forecast_view, learn, new_learned
 from analyze.true_rates import analyze_window
 from contracts import metrics
-from contracts.messages import MetricWindow
+from contracts.messages import MetricWindow, Rejection, dead_letter
 from infra.resilience import until_done
-from monitor.validation import Rejection, dead_letter
 
 log = logging.getLogger("autoscaler.analyze")
 

@@ -271,7 +271,7 @@ def run_scale_out(
     max_utilization: float,
 ) -> tuple[Learned, ScaleOutResult]:
     from execute.runner import JobRunner
-    from pipeline.kafka_admin import ensure_topic
+    from infra.kafka import ensure_topic
     from pipeline.loadgen import Constant, Steps, generate_load
     from stack.processes import start_broker
 

@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, TopicPartition
 from contracts.messages import MetricReport
 from contracts.settings import Settings, Topics
 from execute.runner import JobRunner, RunnerConfig
-from pipeline.kafka_admin import ensure_topic
+from infra.kafka import ensure_topic
 from pipeline.loadgen import Constant, generate_load
 from stack.processes import start_broker
 

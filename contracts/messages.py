@@ -6,9 +6,11 @@ instead of guessing. Times are epoch seconds (float, UTC) so that any engine can
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -373,6 +375,47 @@ class DeadLetter(Contract):
     offset: int | None = None
     rejected_at: float = Field(default_factory=time.time)
     stage: str = "monitor"
+
+
+# Dead letters keep the rejected bytes whole up to this size (base64 grows them by a third and
+# Kafka's default record limit is 1 MiB).
+PAYLOAD_KEEP_BYTES = 700 * 1024
+PREVIEW_CHARS = 512
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why an input record is not accepted: a machine-readable reason and an explanation."""
+
+    reason: str
+    detail: str
+
+
+def dead_letter(
+    topic: str,
+    value: bytes | None,
+    key: bytes | None,
+    rejection: Rejection,
+    stage: str,
+    partition: int | None = None,
+    offset: int | None = None,
+) -> DeadLetter:
+    """The dead letter of a rejected record: the reason, and the original bytes kept whole (up to
+    PAYLOAD_KEEP_BYTES) so that nothing is lost."""
+    raw = value or b""
+    return DeadLetter(
+        source_topic=topic,
+        reason=rejection.reason,
+        detail=rejection.detail,
+        key=None if key is None else key.decode("utf-8", "replace"),
+        payload_base64=base64.b64encode(raw[:PAYLOAD_KEEP_BYTES]).decode(),
+        payload_preview=raw[:PREVIEW_CHARS].decode("utf-8", "replace"),
+        payload_bytes=len(raw),
+        payload_truncated=len(raw) > PAYLOAD_KEEP_BYTES,
+        stage=stage,
+        partition=partition,
+        offset=offset,
+    )
 
 
 CONTRACTS: dict[str, type[Contract]] = {

@@ -523,7 +523,7 @@ class Runner:
         self.restarts: list[float] = []
 
     def start(self) -> None:
-        from pipeline.kafka_admin import ensure_topic
+        from infra.kafka import ensure_topic
 
         topics = self.config.settings.topics
         for topic in (topics.metrics, topics.commands, topics.runner_reports):

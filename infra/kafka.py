@@ -1,14 +1,18 @@
-"""Create the autoscaler's topics (idempotent) with the Kafka admin API."""
+"""Kafka for every part of the product: client configuration, topic creation (idempotent), log-end offsets."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+import time
+from collections.abc import Iterable, Mapping
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from contracts.settings import Settings
 from infra.security import kafka_security_config
+
+log = logging.getLogger(__name__)
 
 
 def kafka_client_config(settings: Settings, bootstrap: str | None = None) -> dict[str, str]:
@@ -44,18 +48,15 @@ def group_consumer_config(
     }
 
 
-def ensure_topics(
-    settings: Settings, extra: list[str] | None = None, timeout: float = 15.0, admin: AdminClient | None = None
-) -> list[str]:
-    """Create any missing topic; returns the names created."""
-    admin = admin or AdminClient(kafka_client_config(settings))
-    wanted = settings.topics.all() + (extra or [])
+def create_topics(admin: AdminClient, names: Iterable[str], partitions: int, timeout: float = 15.0) -> list[str]:
+    """Create the topics among `names` that do not exist; returns the names created. An existing
+    topic keeps its partition count."""
     existing = set(admin.list_topics(timeout=timeout).topics)
-    missing = [name for name in wanted if name not in existing]
+    missing = [name for name in dict.fromkeys(names) if name not in existing]
     if not missing:
         return []
     futures = admin.create_topics(
-        [NewTopic(name, num_partitions=settings.topic_partitions, replication_factor=1) for name in missing],
+        [NewTopic(name, num_partitions=partitions, replication_factor=1) for name in missing],
         request_timeout=timeout,
     )
     created = []
@@ -64,9 +65,26 @@ def ensure_topics(
             future.result(timeout=timeout)
             created.append(name)
         except KafkaException as exc:
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
     return created
+
+
+def ensure_topics(
+    settings: Settings, extra: list[str] | None = None, timeout: float = 15.0, admin: AdminClient | None = None
+) -> list[str]:
+    """Create any missing topic of the autoscaler's (and `extra`); returns the names created."""
+    admin = admin or AdminClient(kafka_client_config(settings))
+    return create_topics(admin, settings.topics.all() + (extra or []), settings.topic_partitions, timeout)
+
+
+def ensure_topic(
+    bootstrap: str, topic: str, partitions: int = 1, timeout: float = 15.0, *, security: Mapping[str, str] | None = None
+) -> None:
+    """Create `topic` on a job's own Kafka (`bootstrap`) unless it exists.
+
+    `security`: SASL/SSL client properties (infra.security.kafka_security_config)."""
+    create_topics(AdminClient({"bootstrap.servers": bootstrap, **(security or {})}), [topic], partitions, timeout)
 
 
 class TopicKeeper:
@@ -80,3 +98,84 @@ class TopicKeeper:
 
     def check(self, timeout: float = 5.0) -> list[str]:
         return ensure_topics(self.settings, timeout=timeout, admin=self.admin)
+
+
+def topic_partitions(consumer: Consumer, topic: str, timeout: float = 10.0) -> list[int]:
+    """Partition ids of `topic`; empty if the topic does not exist (yet)."""
+    meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+    if meta is None or meta.error is not None:
+        return []
+    return sorted(meta.partitions)
+
+
+class LogEndProbe:
+    """Finds the log-end offset (high watermark) of each partition of a topic.
+
+    Why not just ListOffsets(latest)? Some Kafka-protocol brokers (tansu 0.6) answer it with the
+    base offset of the last record batch plus one, which is short by the batch's size whenever the
+    producer batches. A Fetch response's high watermark is right everywhere, so we fetch the last
+    batch (from the ListOffsets answer minus one) and take the larger of the two numbers.
+    """
+
+    def __init__(
+        self, bootstrap: str, topic: str, timeout: float = 10.0, *, security: Mapping[str, str] | None = None
+    ):
+        self.topic = topic
+        self.timeout = timeout
+        self.admin = AdminClient({"bootstrap.servers": bootstrap, **(security or {})})
+        self.consumer = Consumer({
+            "bootstrap.servers": bootstrap,
+            **(security or {}),
+            "group.id": "autoscaler-log-end-probe",  # never joins: we only assign()
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "fetch.wait.max.ms": 20,
+            "max.partition.fetch.bytes": 65536,
+        })
+
+    def partitions(self) -> list[int]:
+        return topic_partitions(self.consumer, self.topic, self.timeout)
+
+    def earliest(self, partitions: Iterable[int]) -> dict[int, int]:
+        return self._list_offsets(partitions, OffsetSpec.earliest())
+
+    def latest(self, partitions: Iterable[int] | None = None) -> dict[int, int]:
+        parts = list(self.partitions() if partitions is None else partitions)
+        if not parts:
+            return {}
+        listed = self._list_offsets(parts, OffsetSpec.latest())
+        probe = [p for p in parts if listed.get(p, 0) > 0]
+        fetched = self._fetch_high_watermarks({p: listed[p] - 1 for p in probe}) if probe else {}
+        return {p: max(listed.get(p, 0), fetched.get(p, 0)) for p in parts}
+
+    def _list_offsets(self, partitions: Iterable[int], spec: OffsetSpec) -> dict[int, int]:
+        request = {TopicPartition(self.topic, p): spec for p in partitions}
+        if not request:
+            return {}
+        futures = self.admin.list_offsets(request, request_timeout=self.timeout)
+        return {tp.partition: max(0, f.result().offset) for tp, f in futures.items()}
+
+    def _fetch_high_watermarks(self, positions: dict[int, int]) -> dict[int, int]:
+        self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in positions.items()])
+        try:
+            pending = set(positions)
+            deadline = time.monotonic() + self.timeout
+            while pending and time.monotonic() < deadline:
+                for msg in self.consumer.consume(num_messages=500, timeout=0.2):
+                    err = msg.error()
+                    if err is None or err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(msg.partition())
+                    else:
+                        log.warning("log-end probe of %s: %s", self.topic, err)
+            result = {}
+            for p in positions:
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
+                if high is not None and high >= 0:
+                    result[p] = high
+            return result
+        finally:
+            # Unassigned, the consumer stops long-polling, which would delay its other requests.
+            self.consumer.unassign()
+
+    def close(self) -> None:
+        self.consumer.close()

@@ -13,9 +13,9 @@ from typing import Any
 
 from agent.app import Runtime
 from contracts import metrics
-from contracts.messages import DeadLetter, MetricReport, MetricWindow
+from contracts.messages import DeadLetter, MetricReport, MetricWindow, Rejection, dead_letter
 from infra.resilience import until_done
-from monitor.validation import Rejection, dead_letter, parse_report
+from monitor.validation import parse_report
 from monitor.windows import RefusedReport, WindowState, add_report, already_applied
 
 log = logging.getLogger("autoscaler.monitor")

@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-import base64
-from dataclasses import dataclass
-
 from pydantic import ValidationError
 
-from contracts.messages import METRIC_REPORT_VERSION, DeadLetter, MetricReport
-
-# Dead letters keep the rejected bytes whole up to this size (base64 grows them by a third and
-# Kafka's default record limit is 1 MiB).
-PAYLOAD_KEEP_BYTES = 700 * 1024
-PREVIEW_CHARS = 512
+from contracts.messages import METRIC_REPORT_VERSION, MetricReport, Rejection
 
 # Bounds no real job reaches. The contract takes ints of any size and any finite float, but the
 # monitor sums and divides them when it closes a window: 10**400 records or 1e308 busy seconds
@@ -27,12 +19,6 @@ PARSE_REASONS = frozenset(
     {"empty", "oversize", "malformed_json", "unknown_schema_version", "invalid_report", "key_mismatch",
      "from_the_future"}
 )
-
-
-@dataclass(frozen=True)
-class Rejection:
-    reason: str
-    detail: str
 
 
 def parse_report(
@@ -95,28 +81,3 @@ def _classify(exc: ValidationError) -> Rejection:
         )
     detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'report'}: {e['msg']}" for e in errors[:10])
     return Rejection("invalid_report", detail)
-
-
-def dead_letter(
-    topic: str,
-    value: bytes | None,
-    key: bytes | None,
-    rejection: Rejection,
-    stage: str,
-    partition: int | None = None,
-    offset: int | None = None,
-) -> DeadLetter:
-    raw = value or b""
-    return DeadLetter(
-        source_topic=topic,
-        reason=rejection.reason,
-        detail=rejection.detail,
-        key=None if key is None else key.decode("utf-8", "replace"),
-        payload_base64=base64.b64encode(raw[:PAYLOAD_KEEP_BYTES]).decode(),
-        payload_preview=raw[:PREVIEW_CHARS].decode("utf-8", "replace"),
-        payload_bytes=len(raw),
-        payload_truncated=len(raw) > PAYLOAD_KEEP_BYTES,
-        stage=stage,
-        partition=partition,
-        offset=offset,
-    )

@@ -142,7 +142,7 @@ class KeyedCountSink:
         if self._producer is None:
             from confluent_kafka import Producer
 
-            from pipeline.kafka_admin import ensure_topic
+            from infra.kafka import ensure_topic
 
             ensure_topic(self.bootstrap, self.topic, security=self.security)
             self._producer = Producer({

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-    from pipeline.kafka_admin import LogEndProbe
+    from infra.kafka import LogEndProbe
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     def _log_end(self) -> dict[int, int]:
         if self._probe is None:
-            from pipeline.kafka_admin import LogEndProbe
+            from infra.kafka import LogEndProbe
 
             self._probe = LogEndProbe(self.options.bootstrap, self.options.topic)
         latest = self._probe.latest()

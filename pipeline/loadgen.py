@@ -251,7 +251,7 @@ def generate_load(
     `security`: SASL/SSL client properties (infra.security.kafka_security_config)."""
     from confluent_kafka import Producer
 
-    from pipeline.kafka_admin import ensure_topic
+    from infra.kafka import ensure_topic
 
     duration = duration_s if duration_s is not None else shape.duration_s
     if duration is None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from pipeline.kafka_admin import ensure_topic, topic_partitions
+from infra.kafka import ensure_topic, topic_partitions
 from stack.processes import Service, start_broker
 
 

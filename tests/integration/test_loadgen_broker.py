@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.kafka_admin import LogEndProbe
+from infra.kafka import LogEndProbe
 from pipeline.loadgen import Steps, expected_total, generate_load
 from stack.processes import Service
 from tests.integration.spark_helpers import TopicReader, bootstrap_of, broker

@@ -12,8 +12,8 @@ from confluent_kafka import Producer
 from contracts.messages import MetricReport, RescaleCommand, RunnerReport, RunnerStatus
 from contracts.settings import Settings, Topics
 from execute.runner import Runner, RunnerConfig, RunnerState
+from infra.kafka import ensure_topic
 from pipeline import demo
-from pipeline.kafka_admin import ensure_topic
 from pipeline.loadgen import Constant, generate_load
 from stack.processes import Service
 from tests.integration.spark_helpers import TopicReader, bootstrap_of, broker

@@ -28,7 +28,7 @@ from contracts.messages import (
     ScalingDecision,
 )
 from contracts.settings import Settings, settings_env
-from pipeline.kafka_admin import ensure_topic
+from infra.kafka import ensure_topic
 from stack.processes import free_port, spawn, stop_pid
 from tests.conftest import start_agents, wait_until
 from tests.integration.kafka_helpers import Collector, send

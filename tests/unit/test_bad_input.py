@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contracts.messages import DeadLetter, MetricReport, MetricWindow
+from contracts.messages import DeadLetter, MetricReport, MetricWindow, Rejection, dead_letter
 from monitor import windows as windows_module
-from monitor.validation import MAX_QUANTITY, PARSE_REASONS, Rejection, dead_letter, parse_report
+from monitor.validation import MAX_QUANTITY, PARSE_REASONS, parse_report
 from monitor.windows import (
     DuplicateReport,
     LateReport,

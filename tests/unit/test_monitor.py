@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.messages import MetricReport, OperatorMetrics
-from monitor.validation import Rejection, dead_letter, parse_report
+from contracts.messages import MetricReport, OperatorMetrics, Rejection, dead_letter
+from monitor.validation import parse_report
 from monitor.windows import LateReport, add_report, already_applied, window_start_for
 
 INTERVAL = 10.0
