@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from contracts.messages import CONTRACTS, json_schema_text
+from contracts.catalog import CONTRACTS, json_schema_text
 from contracts.settings import get_settings
 
 app = typer.Typer(help="A MAPE-K autoscaler for streaming pipelines.", no_args_is_help=True)

@@ -14,7 +14,8 @@ from analyze.forecasting import Forecasting
 from analyze.proactive import Learned, forecast_config, forecast_view, learn, new_learned
 from analyze.true_rates import analyze_window
 from contracts import metrics
-from contracts.messages import MetricWindow, Rejection, dead_letter
+from contracts.dead_letters import Rejection, dead_letter
+from contracts.messages import MetricWindow
 from infra.resilience import until_done
 
 log = logging.getLogger("autoscaler.analyze")

@@ -6,13 +6,10 @@ instead of guessing. Times are epoch seconds (float, UTC) so that any engine can
 
 from __future__ import annotations
 
-import base64
-import json
 import time
 import uuid
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -354,89 +351,3 @@ class ScalingEvent(Contract):
     numbers: dict[str, float | int | None] = Field(
         default_factory=dict, description="For `recovered` events: `observed_s`, `predicted_s`, `error_s`."
     )
-
-
-# ---------------------------------------------------------------- dead letters
-
-
-class DeadLetter(Contract):
-    """A rejected input record, kept whole. Topic `autoscaler.dead-letter`."""
-
-    schema_version: Literal[1] = 1
-    source_topic: str
-    reason: str = Field(description="Short machine-readable reason, e.g. `malformed_json`, `oversize`.")
-    detail: str = Field(description="Human-readable explanation (validation errors).")
-    key: str | None = None
-    payload_base64: str = Field(description="The original bytes, exactly (base64), unless truncated.")
-    payload_preview: str = Field(description="The start of the payload as UTF-8 text, for people.")
-    payload_bytes: int
-    payload_truncated: bool = Field(description="Only payloads beyond the dead-letter size cap are cut.")
-    partition: int | None = None
-    offset: int | None = None
-    rejected_at: float = Field(default_factory=time.time)
-    stage: str = "monitor"
-
-
-# Dead letters keep the rejected bytes whole up to this size (base64 grows them by a third and
-# Kafka's default record limit is 1 MiB).
-PAYLOAD_KEEP_BYTES = 700 * 1024
-PREVIEW_CHARS = 512
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """Why an input record is not accepted: a machine-readable reason and an explanation."""
-
-    reason: str
-    detail: str
-
-
-def dead_letter(
-    topic: str,
-    value: bytes | None,
-    key: bytes | None,
-    rejection: Rejection,
-    stage: str,
-    partition: int | None = None,
-    offset: int | None = None,
-) -> DeadLetter:
-    """The dead letter of a rejected record: the reason, and the original bytes kept whole (up to
-    PAYLOAD_KEEP_BYTES) so that nothing is lost."""
-    raw = value or b""
-    return DeadLetter(
-        source_topic=topic,
-        reason=rejection.reason,
-        detail=rejection.detail,
-        key=None if key is None else key.decode("utf-8", "replace"),
-        payload_base64=base64.b64encode(raw[:PAYLOAD_KEEP_BYTES]).decode(),
-        payload_preview=raw[:PREVIEW_CHARS].decode("utf-8", "replace"),
-        payload_bytes=len(raw),
-        payload_truncated=len(raw) > PAYLOAD_KEEP_BYTES,
-        stage=stage,
-        partition=partition,
-        offset=offset,
-    )
-
-
-CONTRACTS: dict[str, type[Contract]] = {
-    "metric-report": MetricReport,
-    "metric-window": MetricWindow,
-    "analysis": Analysis,
-    "scaling-decision": ScalingDecision,
-    "rescale-command": RescaleCommand,
-    "runner-report": RunnerReport,
-    "scaling-event": ScalingEvent,
-    "dead-letter": DeadLetter,
-}
-
-
-def json_schema(name: str) -> dict[str, Any]:
-    try:
-        model = CONTRACTS[name]
-    except KeyError:
-        raise KeyError(f"unknown contract {name!r}; known: {', '.join(sorted(CONTRACTS))}") from None
-    return model.model_json_schema()
-
-
-def json_schema_text(name: str) -> str:
-    return json.dumps(json_schema(name), indent=2, sort_keys=True)

@@ -13,7 +13,8 @@ from typing import Any
 
 from agent.app import Runtime
 from contracts import metrics
-from contracts.messages import DeadLetter, MetricReport, MetricWindow, Rejection, dead_letter
+from contracts.dead_letters import DeadLetter, Rejection, dead_letter
+from contracts.messages import MetricReport, MetricWindow
 from infra.resilience import until_done
 from monitor.validation import parse_report
 from monitor.windows import RefusedReport, WindowState, add_report, already_applied

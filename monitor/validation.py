@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from contracts.messages import METRIC_REPORT_VERSION, MetricReport, Rejection
+from contracts.dead_letters import Rejection
+from contracts.messages import METRIC_REPORT_VERSION, MetricReport
 
 # Bounds no real job reaches. The contract takes ints of any size and any finite float, but the
 # monitor sums and divides them when it closes a window: 10**400 records or 1e308 busy seconds

@@ -10,7 +10,8 @@ import urllib.request
 
 import pytest
 
-from contracts.messages import DeadLetter, MetricReport, OperatorMetrics, ScalingDecision, SourceMetrics
+from contracts.dead_letters import DeadLetter
+from contracts.messages import MetricReport, OperatorMetrics, ScalingDecision, SourceMetrics
 from contracts.settings import Settings
 from knowledge.store import Knowledge
 from tests.conftest import AgentWorker

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from contracts.messages import DeadLetter, MetricReport, ScalingDecision
+from contracts.dead_letters import DeadLetter
+from contracts.messages import MetricReport, ScalingDecision
 from contracts.settings import Settings
 from knowledge.store import Knowledge
 from tests.conftest import AgentWorker, wait_until

@@ -19,7 +19,8 @@ import pytest
 import redis.exceptions
 from confluent_kafka import Consumer, TopicPartition
 
-from contracts.messages import DeadLetter, ScalingDecision
+from contracts.dead_letters import DeadLetter
+from contracts.messages import ScalingDecision
 from contracts.settings import Settings
 from infra.kafka import group_consumer_config
 from infra.security import redact

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contracts.messages import DeadLetter, MetricReport, MetricWindow, Rejection, dead_letter
+from contracts.dead_letters import DeadLetter, Rejection, dead_letter
+from contracts.messages import MetricReport, MetricWindow
 from monitor import windows as windows_module
 from monitor.validation import MAX_QUANTITY, PARSE_REASONS, parse_report
 from monitor.windows import (

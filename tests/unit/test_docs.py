@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from contracts.messages import CONTRACTS, json_schema_text
+from contracts.catalog import CONTRACTS, json_schema_text
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.messages import MetricReport, OperatorMetrics, Rejection, dead_letter
+from contracts.dead_letters import Rejection, dead_letter
+from contracts.messages import MetricReport, OperatorMetrics
 from monitor.validation import parse_report
 from monitor.windows import LateReport, add_report, already_applied, window_start_for
 
