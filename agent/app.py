@@ -1,10 +1,13 @@
-"""The Faust application: one factory, any subset of the four stages in one worker."""
+"""The Faust runtime: one factory, any subset of the four stages in one worker.
+
+It wires each stage's agent (`contracts.stage.Stage`) to Faust: a Faust agent per subscription, a
+Faust timer per timer, and `Runtime.publish` for what the stages send. The stages never import this."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,13 +15,22 @@ import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from analyze.agent import AnalyzeAgent
 from contracts.metrics import REGISTRY
 from contracts.settings import Settings
+from contracts.stage import Incoming, Publish, Stage, Subscription, Timer
+from execute.agent import ExecuteAgent
 from infra.kafka import TopicKeeper
+from infra.resilience import until_done
 from infra.security import faust_credentials, redact
 from knowledge.store import Knowledge
+from monitor.agent import MonitorAgent
+from plan.agent import PlanAgent
 
-STAGES = ("monitor", "analyze", "plan", "execute")
+STAGE_AGENTS: dict[str, Callable[[Settings, Knowledge, Publish], Stage]] = {
+    "monitor": MonitorAgent, "analyze": AnalyzeAgent, "plan": PlanAgent, "execute": ExecuteAgent,
+}
+STAGES = tuple(STAGE_AGENTS)
 log = logging.getLogger("autoscaler")
 
 # Faust hard-codes fetch_max_wait_ms=1500 for its worker consumer. Apache Kafka answers a waiting
@@ -91,11 +103,12 @@ async def rewind_lost_partitions(consumer: Any) -> None:
 
 @dataclass
 class Runtime:
-    """What a stage's agent needs: settings, knowledge and the topics it reads and writes."""
+    """One worker: the Faust app, its settings and knowledge, the stages it runs and their topics."""
 
     app: faust.App
     settings: Settings
     knowledge: Knowledge
+    stages: list[Stage] = field(default_factory=list)
     topics: dict[str, faust.TopicT] = field(default_factory=dict)
 
     def topic(self, name: str) -> faust.TopicT:
@@ -110,6 +123,50 @@ class Runtime:
 
     async def publish(self, name: str, key: str, value: bytes) -> None:
         await self.topic(name).send(key=key.encode(), value=value)
+
+    def run_stage(self, stage: Stage) -> None:
+        """Subscribe the stage's handlers (retried while knowledge is away) and start its timers."""
+        self.stages.append(stage)
+        for name in stage.publishes:
+            self.topic(name)
+        for subscription in stage.subscriptions():
+            self._subscribe(stage.name, subscription)
+        for timer in stage.timers():
+            self._every(timer)
+
+    def _subscribe(self, stage: str, subscription: Subscription) -> None:
+        topic = self.topic(subscription.topic)
+        handle = subscription.handle
+
+        async def consume(stream: Any) -> None:
+            if subscription.batch_max > 1:
+                async for events in stream.take_events(subscription.batch_max, within=subscription.batch_within_s):
+                    records = [_incoming(event) for event in events]
+                    await until_done(lambda records=records: handle(records), stage)
+            else:
+                async for value in stream:
+                    record = _incoming(stream.current_event, value)
+                    await until_done(lambda record=record: handle([record]), stage)
+
+        self.app.agent(topic, name=subscription.name)(consume)
+
+    def _every(self, timer: Timer) -> None:
+        async def tick() -> None:
+            try:
+                await timer.run()
+            except Exception:
+                log.exception("%s failed; will retry", timer.name)
+
+        tick.__name__ = tick.__qualname__ = timer.name.replace("-", "_")
+        self.app.timer(timer.interval_s)(tick)
+
+
+def _incoming(event: Any, value: bytes | None = None) -> Incoming:
+    message = event.message if event is not None else None
+    if message is None:
+        return Incoming(value=value)
+    return Incoming(value=event.value if value is None else value, key=message.key, topic=message.topic,
+                    partition=message.partition, offset=message.offset)
 
 
 def app_id_for(settings: Settings, stages: Iterable[str]) -> str:
@@ -178,14 +235,16 @@ def create_app(settings: Settings, stages: Iterable[str] = STAGES) -> tuple[faus
         if created:
             log.warning("recreated missing topics (the broker lost them): %s", ", ".join(sorted(created)))
 
-    for stage in chosen:
-        if stage == "monitor":
-            from monitor.agent import register
-        elif stage == "analyze":
-            from analyze.agent import register
-        elif stage == "plan":
-            from plan.agent import register
-        else:
-            from execute.agent import register
-        register(runtime)
+    @app.on_partitions_revoked.connect
+    async def forget_cached(sender: Any, revoked: Any, **kwargs: Any) -> None:
+        for stage in runtime.stages:
+            await stage.partitions_revoked()
+
+    @app.on_before_shutdown.connect
+    async def close_stages(sender: Any, **kwargs: Any) -> None:
+        for stage in runtime.stages:
+            stage.close()
+
+    for name in chosen:
+        runtime.run_stage(STAGE_AGENTS[name](settings, runtime.knowledge, runtime.publish))
     return app, runtime

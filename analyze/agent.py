@@ -5,45 +5,65 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
 
 from pydantic import ValidationError
 
-from agent.app import Runtime
 from analyze.forecasting import Forecasting
 from analyze.proactive import Learned, forecast_config, forecast_view, learn, new_learned
 from analyze.true_rates import analyze_window
 from contracts import metrics
 from contracts.dead_letters import Rejection, dead_letter
 from contracts.messages import MetricWindow
-from infra.resilience import until_done
+from contracts.settings import Settings
+from contracts.stage import Incoming, Publish, Subscription, Timer
+from knowledge.store import Knowledge
 
 log = logging.getLogger("autoscaler.analyze")
 
 
-def register(runtime: Runtime) -> None:
-    knowledge = runtime.knowledge
-    source = runtime.topic("windows")
-    runtime.topic("analyses")
-    forecasting = Forecasting(knowledge)
+class AnalyzeAgent:
+    """Reads `windows`; publishes `analyses` (and `dead_letter` for a window it cannot read)."""
 
-    @runtime.app.on_before_shutdown.connect
-    async def _stop_refits(app: Any, **kwargs: Any) -> None:
-        forecasting.close()
+    name = "analyze"
+    publishes = ("analyses", "dead_letter")
 
-    async def process(value: bytes) -> None:
+    def __init__(self, settings: Settings, knowledge: Knowledge, publish: Publish):
+        self.settings = settings
+        self.knowledge = knowledge
+        self.publish = publish
+        self.forecasting = Forecasting(knowledge)
+
+    def subscriptions(self) -> list[Subscription]:
+        return [Subscription("analyze", "windows", self.process)]
+
+    def timers(self) -> list[Timer]:
+        return []
+
+    async def partitions_revoked(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.forecasting.close()
+
+    async def process(self, records: list[Incoming]) -> None:
+        for record in records:
+            await self.analyze(record.value or b"")
+
+    async def analyze(self, value: bytes) -> None:
+        knowledge, forecasting = self.knowledge, self.forecasting
         try:
             window = MetricWindow.model_validate_json(value)
         except ValidationError as exc:
-            letter = dead_letter(source.get_topic_name(), value, None, Rejection("invalid_window", str(exc)), "analyze")
-            await runtime.publish("dead_letter", "", letter.to_bytes())
+            rejection = Rejection("invalid_window", str(exc))
+            letter = dead_letter(self.settings.topics.windows, value, None, rejection, "analyze")
+            await self.publish("dead_letter", "", letter.to_bytes())
             return
         job = window.job_id
         if await knowledge.window_done(job, "analyze", window.window_end):
             # A redelivery: publish again what was committed (plan drops it if it already has it).
             committed = await knowledge.committed_message(job, "analyze", window.window_end)
             if committed is not None:
-                await runtime.publish("analyses", job, committed.encode())
+                await self.publish("analyses", job, committed.encode())
             log.info("window %s of %s already analyzed; dropped the duplicate", window.window_end, job)
             return
         fallback = await knowledge.last_valid_analysis(job) if window.records_in == 0 else None
@@ -72,7 +92,7 @@ def register(runtime: Runtime) -> None:
         if recovery is not None:
             log.info("%s: recovered %.0f s after the rescale %d -> %d (%s)", job, recovery.observed_s,
                      recovery.from_parallelism, recovery.to_parallelism, recovery.judge)
-        await runtime.publish("analyses", job, message.encode())
+        await self.publish("analyses", job, message.encode())
         if analysis.valid:
             metrics.TRUE_RATE.labels(analysis.job_id).set(analysis.true_processing_rate)
             metrics.TRUE_OUTPUT_RATE.labels(analysis.job_id).set(analysis.true_output_rate)
@@ -82,8 +102,3 @@ def register(runtime: Runtime) -> None:
         metrics.PARALLELISM.labels(analysis.job_id).set(analysis.parallelism)
         if analysis.backlog is not None:
             metrics.BACKLOG.labels(analysis.job_id).set(analysis.backlog)
-
-    @runtime.app.agent(source, name="analyze")
-    async def analyze(stream: Any) -> None:
-        async for value in stream:
-            await until_done(lambda value=value: process(value), "analyze")

@@ -9,9 +9,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any
 
-from agent.app import Runtime
 from contracts import metrics
 from contracts.messages import (
     Action,
@@ -22,7 +20,9 @@ from contracts.messages import (
     ScalingDecision,
     ScalingEvent,
 )
-from infra.resilience import until_done
+from contracts.settings import Settings
+from contracts.stage import Incoming, Publish, Subscription, Timer
+from knowledge.store import Knowledge
 
 log = logging.getLogger("autoscaler.execute")
 
@@ -36,37 +36,62 @@ def event_id(decision_id: str, step: str, code: str | None = None) -> str:
     return uuid.uuid5(uuid.NAMESPACE_URL, f"autoscaler:{decision_id}:{step}:{code or ''}").hex
 
 
-def register(runtime: Runtime) -> None:
-    app, knowledge, settings = runtime.app, runtime.knowledge, runtime.settings
-    decisions = runtime.topic("decisions")
-    reports = runtime.topic("runner_reports")
-    runtime.topic("commands")
-    runtime.topic("scaling_events")
+class ExecuteAgent:
+    """Reads `decisions` and `runner_reports`; publishes `commands` and `scaling_events`."""
 
-    async def emit(event: ScalingEvent) -> None:
+    name = "execute"
+    publishes = ("commands", "scaling_events")
+
+    def __init__(self, settings: Settings, knowledge: Knowledge, publish: Publish):
+        self.settings = settings
+        self.knowledge = knowledge
+        self.publish = publish
+
+    def subscriptions(self) -> list[Subscription]:
+        return [Subscription("execute", "decisions", self.on_decisions),
+                Subscription("execute-results", "runner_reports", self.on_reports)]
+
+    def timers(self) -> list[Timer]:
+        return [Timer("overdue-rescales", OVERDUE_CHECK_S, self.fail_overdue)]
+
+    async def partitions_revoked(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    async def on_decisions(self, records: list[Incoming]) -> None:
+        for record in records:
+            await self.apply(record.value or b"")
+
+    async def on_reports(self, records: list[Incoming]) -> None:
+        for record in records:
+            await self.on_report(record.value or b"")
+
+    async def emit(self, event: ScalingEvent) -> None:
         """Publish an event once per decision and step; after a crash it may go out again, same id."""
-        if await knowledge.event_published(event.job_id, event.event_id):
+        if await self.knowledge.event_published(event.job_id, event.event_id):
             return
-        await runtime.publish("scaling_events", event.job_id, event.to_bytes())
-        await knowledge.record_event(event.job_id, event.model_dump_json(), event.event_id)
+        await self.publish("scaling_events", event.job_id, event.to_bytes())
+        await self.knowledge.record_event(event.job_id, event.model_dump_json(), event.event_id)
         metrics.RESCALES.labels(event.job_id, event.type.value).inc()
         log.info("%s: %s %s %d -> %d%s", event.job_id, event.decision_id[:8], event.type.value,
                  event.from_parallelism, event.to_parallelism,
                  f" ({event.detail or event.error})" if event.detail or event.error else "")
 
-    async def apply(value: bytes) -> None:
+    async def apply(self, value: bytes) -> None:
         """Every step is safe to repeat: a redelivered decision (a worker died mid-way) finishes the
         same execution, under the same fencing token, and is never executed a second time."""
         decision = ScalingDecision.model_validate_json(value)
         job = decision.job_id
-        if await knowledge.decision_done(job, decision.decision_id):
+        if await self.knowledge.decision_done(job, decision.decision_id):
             log.info("%s: decision %s already executed; ignoring the redelivery", job, decision.decision_id)
             return
         for notice in decision.notices:
             # Findings of plan (an ineffective scale-up, the quota binding) reach subscribers as events.
             # A recovery observed after a rescale is an event of its own, with its numbers.
             recovered = notice.code == "recovered"
-            await emit(ScalingEvent(
+            await self.emit(ScalingEvent(
                 event_id=event_id(decision.decision_id, "notice", notice.code),
                 decision_id=decision.decision_id, job_id=job,
                 type=EventType.RECOVERED if recovered else EventType.NOTICE, code=notice.code,
@@ -77,107 +102,90 @@ def register(runtime: Runtime) -> None:
                 detail=notice.message, numbers=notice.numbers if recovered else {},
             ))
         if decision.action is not Action.NONE and decision.mode == "auto":
-            await rescale(decision)
+            await self.rescale(decision)
         elif not decision.notices:
             return  # nothing was done, so nothing can be done twice: no marker to keep
-        await knowledge.mark_decision_done(job, decision.decision_id)
+        await self.knowledge.mark_decision_done(job, decision.decision_id)
 
-    async def rescale(decision: ScalingDecision) -> None:
+    async def rescale(self, decision: ScalingDecision) -> None:
         job = decision.job_id
-        holder = await knowledge.lock_holder(job)
+        holder = await self.knowledge.lock_holder(job)
         if holder is not None and holder[1] == decision.decision_id:
             token: int | None = holder[0]  # this decision's own rescale, begun before a crash
         else:
-            token = await knowledge.acquire_lock(job, decision.decision_id, settings.rescale_timeout_s)
+            token = await self.knowledge.acquire_lock(job, decision.decision_id, self.settings.rescale_timeout_s)
         if token is None:
-            holder = await knowledge.lock_holder(job)
+            holder = await self.knowledge.lock_holder(job)
             # Superseded rather than queued: plan decides again from fresh metrics once the running
             # rescale is over, so an old decision must not run after it.
-            await emit(ScalingEvent(
+            await self.emit(ScalingEvent(
                 event_id=event_id(decision.decision_id, "skipped"),
                 decision_id=decision.decision_id, job_id=job, type=EventType.SKIPPED, code="superseded",
                 from_parallelism=decision.from_parallelism, to_parallelism=decision.to_parallelism,
                 detail=f"superseded: rescale {holder[1] if holder else '?'} of this job is still running",
             ))
             return
-        tracked = await knowledge.inflight(job)
+        tracked = await self.knowledge.inflight(job)
         if tracked is None or tracked[0]["decision_id"] != decision.decision_id:
-            deadline = time.time() + settings.rescale_timeout_s
-            await knowledge.track_rescale(job, decision.model_dump(mode="json"), token, deadline)
+            deadline = time.time() + self.settings.rescale_timeout_s
+            await self.knowledge.track_rescale(job, decision.model_dump(mode="json"), token, deadline)
         command = RescaleCommand(
             decision_id=decision.decision_id, job_id=job, to_parallelism=decision.to_parallelism,
             fencing_token=token,
         )
         # The runner applies a decision id once, so a command sent again after a crash is harmless.
-        await runtime.publish("commands", job, command.to_bytes())
-        await emit(ScalingEvent(
+        await self.publish("commands", job, command.to_bytes())
+        await self.emit(ScalingEvent(
             event_id=event_id(decision.decision_id, "started"),
             decision_id=decision.decision_id, job_id=job, type=EventType.STARTED,
             from_parallelism=decision.from_parallelism, to_parallelism=decision.to_parallelism,
             detail=decision.reason.message,
         ))
 
-    async def finish(job: str, decision_id: str, token: int) -> None:
-        await knowledge.finish_rescale(job)
-        await knowledge.release_lock(job, token, decision_id)
+    async def finish(self, job: str, decision_id: str, token: int) -> None:
+        await self.knowledge.finish_rescale(job)
+        await self.knowledge.release_lock(job, token, decision_id)
 
-    async def on_report(value: bytes) -> None:
+    async def on_report(self, value: bytes) -> None:
         report = RunnerReport.model_validate_json(value)
         if report.status is RunnerStatus.STARTED:
             return
         job = report.job_id
-        tracked = await knowledge.inflight(job)
+        tracked = await self.knowledge.inflight(job)
         if tracked is None or tracked[0]["decision_id"] != report.decision_id:
             log.warning("%s: runner report for %s matches no rescale in flight; ignored", job, report.decision_id)
             return
         decision, token = tracked
         completed = report.status is RunnerStatus.COMPLETED
-        await knowledge.set_state(
+        await self.knowledge.set_state(
             job, parallelism=report.running_parallelism, expected_parallelism=report.running_parallelism,
             stale_budget=STALE_WINDOW_BUDGET, last_rescale_at=report.timestamp,
         )
         if completed and report.downtime_s is not None:
             up = report.to_parallelism > report.from_parallelism
-            await knowledge.record_downtime(job, "up" if up else "down", report.downtime_s)
-        await emit(ScalingEvent(
+            await self.knowledge.record_downtime(job, "up" if up else "down", report.downtime_s)
+        await self.emit(ScalingEvent(
             event_id=event_id(report.decision_id, "outcome"),
             decision_id=report.decision_id, job_id=job,
             type=EventType.COMPLETED if completed else EventType.FAILED,
             from_parallelism=decision["from_parallelism"], to_parallelism=decision["to_parallelism"],
             downtime_s=report.downtime_s, error=report.error, rolled_back_to=report.rolled_back_to,
         ))
-        await finish(job, report.decision_id, token)
+        await self.finish(job, report.decision_id, token)
 
-    async def fail_overdue() -> None:
-        for job in await knowledge.overdue_rescales(time.time()):
-            if not await knowledge.claim_overdue(job):
+    async def fail_overdue(self) -> None:
+        for job in await self.knowledge.overdue_rescales(time.time()):
+            if not await self.knowledge.claim_overdue(job):
                 continue
-            tracked = await knowledge.inflight(job)
+            tracked = await self.knowledge.inflight(job)
             if tracked is None:
-                await knowledge.finish_rescale(job)
+                await self.knowledge.finish_rescale(job)
                 continue
             decision, token = tracked
-            await emit(ScalingEvent(
+            await self.emit(ScalingEvent(
                 event_id=event_id(decision["decision_id"], "outcome"),
                 decision_id=decision["decision_id"], job_id=job, type=EventType.FAILED,
                 from_parallelism=decision["from_parallelism"], to_parallelism=decision["to_parallelism"],
-                error=f"no answer from the job runner within {settings.rescale_timeout_s:.0f} s",
+                error=f"no answer from the job runner within {self.settings.rescale_timeout_s:.0f} s",
             ))
-            await finish(job, decision["decision_id"], token)
-
-    @app.agent(decisions, name="execute")
-    async def execute(stream: Any) -> None:
-        async for value in stream:
-            await until_done(lambda value=value: apply(value), "execute")
-
-    @app.agent(reports, name="execute-results")
-    async def execute_results(stream: Any) -> None:
-        async for value in stream:
-            await until_done(lambda value=value: on_report(value), "execute")
-
-    @app.timer(OVERDUE_CHECK_S)
-    async def overdue() -> None:
-        try:
-            await fail_overdue()
-        except Exception:
-            log.exception("checking for overdue rescales failed; will retry")
+            await self.finish(job, decision["decision_id"], token)

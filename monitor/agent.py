@@ -9,13 +9,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from typing import Any
 
-from agent.app import Runtime
 from contracts import metrics
 from contracts.dead_letters import DeadLetter, Rejection, dead_letter
 from contracts.messages import MetricReport, MetricWindow
-from infra.resilience import until_done
+from contracts.settings import Settings
+from contracts.stage import Incoming, Publish, Subscription, Timer
+from knowledge.store import Knowledge
 from monitor.validation import parse_report
 from monitor.windows import RefusedReport, WindowState, add_report, already_applied
 
@@ -29,45 +29,57 @@ REGISTRY_TTL_S = 2.0
 class RegistryCache:
     """Known job ids, refreshed every few seconds; a miss is re-checked so new jobs count at once."""
 
-    def __init__(self, runtime: Runtime):
-        self.runtime = runtime
+    def __init__(self, knowledge: Knowledge):
+        self.knowledge = knowledge
         self.known: set[str] = set()
         self.loaded_at = 0.0
 
     async def unknown(self, job_ids: set[str]) -> set[str]:
         now = time.monotonic()
         if now - self.loaded_at > REGISTRY_TTL_S or not job_ids <= self.known:
-            self.known = await self.runtime.knowledge.jobs()
+            self.known = await self.knowledge.jobs()
             self.loaded_at = now
         return job_ids - self.known
 
 
-def register(runtime: Runtime) -> None:
-    app, settings, knowledge = runtime.app, runtime.settings, runtime.knowledge
-    source = runtime.topic("metrics")
-    runtime.topic("windows")
-    runtime.topic("dead_letter")
-    windows: dict[str, WindowState] = {}
-    registry = RegistryCache(runtime)
+class MonitorAgent:
+    """Reads `metrics`; publishes `windows` and `dead_letter`."""
 
-    @app.on_partitions_revoked.connect
-    async def forget_windows(sender: Any, revoked: Any, **kwargs: Any) -> None:
+    name = "monitor"
+    publishes = ("windows", "dead_letter")
+
+    def __init__(self, settings: Settings, knowledge: Knowledge, publish: Publish):
+        self.settings = settings
+        self.knowledge = knowledge
+        self.publish = publish
+        self.windows: dict[str, WindowState] = {}
+        self.registry = RegistryCache(knowledge)
+
+    def subscriptions(self) -> list[Subscription]:
+        return [Subscription("monitor", "metrics", self.process, BATCH_MAX, BATCH_WITHIN_S)]
+
+    def timers(self) -> list[Timer]:
+        return []
+
+    async def partitions_revoked(self) -> None:
         # Another worker may own these jobs now: re-read their windows from knowledge next time.
-        windows.clear()
+        self.windows.clear()
 
-    async def process(events: list[Any]) -> None:
+    def close(self) -> None:
+        return None
+
+    async def process(self, records: list[Incoming]) -> None:
+        settings, knowledge, windows, registry = self.settings, self.knowledge, self.windows, self.registry
+        topic = settings.topics.metrics
         now = time.time()
         rejected: list[DeadLetter] = []
-        accepted: list[tuple[MetricReport, Any]] = []
-        for event in events:
-            message = event.message
-            result = parse_report(
-                event.value, message.key, settings.max_message_bytes, now, settings.max_clock_skew_s
-            )
+        accepted: list[tuple[MetricReport, Incoming]] = []
+        for record in records:
+            result = parse_report(record.value, record.key, settings.max_message_bytes, now, settings.max_clock_skew_s)
             if isinstance(result, Rejection):
-                rejected.append(_dead(source.get_topic_name(), event, result))
+                rejected.append(_dead(topic, record, result))
             else:
-                accepted.append((result, event))
+                accepted.append((result, record))
 
         unknown = await registry.unknown({report.job_id for report, _ in accepted})
         missing = {r.job_id for r, _ in accepted if r.job_id not in windows and r.job_id not in unknown}
@@ -77,11 +89,11 @@ def register(runtime: Runtime) -> None:
         dirty: set[str] = set()
         accepted_per_job: Counter[str] = Counter()
         redelivered = 0
-        for report, event in accepted:
+        for report, record in accepted:
             job = report.job_id
-            partition, offset = event.message.partition, event.message.offset
+            partition, offset = record.partition, record.offset
             if job in unknown:
-                rejected.append(_dead(source.get_topic_name(), event, Rejection(
+                rejected.append(_dead(topic, record, Rejection(
                     "unknown_job", f"job {job!r} is not registered (autoscaler jobs register {job})")))
                 continue
             state = windows.get(job)
@@ -91,7 +103,7 @@ def register(runtime: Runtime) -> None:
             try:
                 state, window = add_report(state, report, settings.loop_interval_s, partition, offset)
             except RefusedReport as exc:  # late_report, duplicate_report
-                rejected.append(_dead(source.get_topic_name(), event, Rejection(exc.reason, str(exc))))
+                rejected.append(_dead(topic, record, Rejection(exc.reason, str(exc))))
                 continue
             windows[job] = state
             dirty.add(job)
@@ -102,10 +114,10 @@ def register(runtime: Runtime) -> None:
         # Windows first, state second: a crash in between re-closes a window (analyze and plan
         # drop the duplicate by its end) instead of losing it.
         for window in closed:
-            await runtime.publish("windows", window.job_id, window.to_bytes())
+            await self.publish("windows", window.job_id, window.to_bytes())
             metrics.WINDOWS_CLOSED.labels(window.job_id).inc()
         for letter in rejected:
-            await runtime.publish("dead_letter", letter.key or "", letter.to_bytes())
+            await self.publish("dead_letter", letter.key or "", letter.to_bytes())
             # Only registered jobs get their own series: bad input must not grow the label set.
             job_label = letter.key if letter.key in registry.known else "(unregistered)"
             metrics.REPORTS_REJECTED.labels(job_label, letter.reason).inc()
@@ -117,16 +129,6 @@ def register(runtime: Runtime) -> None:
         for job, n in accepted_per_job.items():
             metrics.REPORTS_ACCEPTED.labels(job).inc(n)
 
-    @app.agent(source, name="monitor")
-    async def monitor(stream: Any) -> None:
-        async for events in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):
-            batch = list(events)
-            await until_done(lambda batch=batch: process(batch), "monitor")
 
-
-def _dead(topic: str, event: Any, rejection: Rejection) -> DeadLetter:
-    message = event.message
-    return dead_letter(
-        topic, event.value, message.key, rejection, "monitor", message.partition, message.offset
-    )
-
+def _dead(topic: str, record: Incoming, rejection: Rejection) -> DeadLetter:
+    return dead_letter(topic, record.value, record.key, rejection, "monitor", record.partition, record.offset)

@@ -6,28 +6,49 @@ import json
 import logging
 import time
 from dataclasses import replace
-from typing import Any
 
-from agent.app import Runtime
 from contracts import metrics
 from contracts.jobs import Mode
 from contracts.messages import Action, Analysis, ScalingDecision
-from infra.resilience import until_done
+from contracts.settings import Settings
+from contracts.stage import Incoming, Publish, Subscription, Timer
+from knowledge.store import Knowledge
 from plan.controls import RESTART_HISTORY, apply_quota, guarded_plan
 from plan.proactive import recovery_notice
 from plan.recovery import expected_restart_time
 
-__all__ = ["guarded_plan", "register"]
-
 log = logging.getLogger("autoscaler.plan")
 
 
-def register(runtime: Runtime) -> None:
-    knowledge = runtime.knowledge
-    source = runtime.topic("analyses")
-    runtime.topic("decisions")
+class PlanAgent:
+    """Reads `analyses`; publishes `decisions`."""
 
-    async def process(value: bytes) -> None:
+    name = "plan"
+    publishes = ("decisions",)
+
+    def __init__(self, settings: Settings, knowledge: Knowledge, publish: Publish):
+        self.settings = settings
+        self.knowledge = knowledge
+        self.publish = publish
+
+    def subscriptions(self) -> list[Subscription]:
+        return [Subscription("plan", "analyses", self.process)]
+
+    def timers(self) -> list[Timer]:
+        return []
+
+    async def partitions_revoked(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    async def process(self, records: list[Incoming]) -> None:
+        for record in records:
+            await self.plan(record.value or b"")
+
+    async def plan(self, value: bytes) -> None:
+        knowledge = self.knowledge
         analysis = Analysis.model_validate_json(value)
         job = analysis.job_id
         if await knowledge.window_done(job, "plan", analysis.window_end):
@@ -35,7 +56,7 @@ def register(runtime: Runtime) -> None:
             # case the crash came between commit and publish (execute runs each id once).
             committed = await knowledge.committed_message(job, "plan", analysis.window_end)
             if committed is not None:
-                await runtime.publish("decisions", job, committed.encode())
+                await self.publish("decisions", job, committed.encode())
             return
         config = await knowledge.job_config(job)
         state = await knowledge.state(job)
@@ -52,7 +73,7 @@ def register(runtime: Runtime) -> None:
             plan = replace(plan, notices=[*plan.notices, notice])
             updates.setdefault("pending_recovery", None)  # unless this window rescales again
             history["recoveries"] = json.dumps({"window_end": analysis.window_end, **notice.numbers})
-        quota = runtime.settings.slot_quota
+        quota = self.settings.slot_quota
         if quota is not None and not rescaling:
             scaling_up = plan.action is Action.SCALE_UP
             wanted = plan.to_parallelism if scaling_up else analysis.parallelism
@@ -86,7 +107,7 @@ def register(runtime: Runtime) -> None:
         if not await knowledge.commit_window(job, "plan", analysis.window_end, message, state=updates,
                                              history=history):
             return  # another worker decided this window meanwhile and publishes its decision
-        await runtime.publish("decisions", job, message.encode())
+        await self.publish("decisions", job, message.encode())
         metrics.DECISION_LATENCY.observe(max(0.0, time.time() - analysis.closed_at))
         metrics.DECISIONS.labels(job, decision.action.value, plan.reason.code).inc()
         if decision.action is Action.NONE and plan.recommended not in (None, analysis.parallelism):
@@ -96,8 +117,3 @@ def register(runtime: Runtime) -> None:
         if decision.action.value != "none":
             log.info("%s: %s %d -> %d (%s)", job, decision.action.value, decision.from_parallelism,
                      decision.to_parallelism, plan.reason.message)
-
-    @runtime.app.agent(source, name="plan")
-    async def plan_agent(stream: Any) -> None:
-        async for value in stream:
-            await until_done(lambda value=value: process(value), "plan")

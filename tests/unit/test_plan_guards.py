@@ -6,7 +6,7 @@ from typing import Any
 
 from contracts.jobs import JobConfig
 from contracts.messages import Action
-from plan.agent import guarded_plan
+from plan.controls import guarded_plan
 from tests.unit.test_ds2 import analysis
 
 CONFIG = JobConfig(

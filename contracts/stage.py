@@ -1,0 +1,65 @@
+"""What a stage's agent is to the runtime that runs it: topics in, a publish function out, timers.
+
+Each stage (monitor, analyze, plan, execute) has an agent class that implements `Stage`. The Faust
+runtime (`agent.app`) subscribes every `Subscription` to its topic, retries a handler while the
+knowledge base is unreachable, runs the timers, and publishes through `Publish`. A stage never
+sees Faust, so its agent can be driven by anything that delivers records (the tests drive them
+with the in-memory knowledge base).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One record from a topic, as the stage sees it."""
+
+    value: bytes | None
+    key: bytes | None = None
+    topic: str = ""
+    partition: int | None = None
+    offset: int | None = None
+
+
+Publish = Callable[[str, str, bytes], Awaitable[None]]
+"""`publish(topic, key, value)`: `topic` names a field of `contracts.settings.Topics`, e.g. "decisions"."""
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """A stage reads `topic` (a field of `Topics`) with `handle`, in batches of up to `batch_max`
+    records gathered within `batch_within_s`; `name` names the runtime's consumer of it."""
+
+    name: str
+    topic: str
+    handle: Callable[[list[Incoming]], Awaitable[None]]
+    batch_max: int = 1
+    batch_within_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Timer:
+    """Work the runtime runs every `interval_s` seconds; a failure is logged and retried next time."""
+
+    name: str
+    interval_s: float
+    run: Callable[[], Awaitable[None]]
+
+
+class Stage(Protocol):
+    name: str
+    publishes: tuple[str, ...]
+
+    def subscriptions(self) -> list[Subscription]: ...
+
+    def timers(self) -> list[Timer]: ...
+
+    async def partitions_revoked(self) -> None:
+        """Another worker may own some of this worker's keys now: forget what was cached."""
+
+    def close(self) -> None:
+        """The worker stops: release what the stage holds (process pools, clients)."""
