@@ -42,7 +42,7 @@ def _mount_optional() -> None:
     except ImportError:
         pass
     try:
-        from bench.evaluate import bench_app
+        from evaluation.suite import bench_app
 
         app.add_typer(bench_app, name="bench", help="The evaluation suite: policies against traces and an oracle.")
     except ImportError:

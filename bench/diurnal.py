@@ -1,6 +1,6 @@
 """Diurnal benchmark: our autoscaling policy against a utilization-threshold autoscaler, simulated.
 
-Run `python -m bench.diurnal --help`. Pure simulation (bench/simulator.py): a Spark-like job replays
+Run `python -m bench.diurnal --help`. Pure simulation (evaluation/ticks.py): a Spark-like job replays
 a real diurnal trace (English Wikipedia page views), time-compressed, under each policy with the
 same noise; an oracle gives the lower bound on core-seconds. See bench/README.md.
 """
@@ -25,9 +25,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from bench.baselines import OurPolicy, ThresholdPolicy
 from bench.ingest import machine_info
-from bench.simulator import (
+from contracts.jobs import JobConfig, parse_assignments
+from evaluation.baselines import OurPolicy, ThresholdPolicy
+from evaluation.ticks import (
     Policy,
     RunResult,
     SimConfig,
@@ -38,7 +39,6 @@ from bench.simulator import (
     simulate,
     slots_needed,
 )
-from contracts.jobs import JobConfig, parse_assignments
 
 HERE = Path(__file__).resolve().parent
 TRACE = HERE / "traces" / "wiki_en_5min.csv"
@@ -69,7 +69,7 @@ def code_version() -> dict[str, Any]:
     and their hashes (the planner changes often; results must say which one they measured)."""
     root = HERE.parent
     files = ["plan/agent.py", "plan/ds2.py", "plan/controls.py", "contracts/jobs.py", "analyze/true_rates.py",
-             "monitor/windows.py", "bench/simulator.py", "bench/baselines.py"]
+             "monitor/windows.py", "evaluation/ticks.py", "evaluation/baselines.py"]
     info: dict[str, Any] = {"sha256": {f: hashlib.sha256((root / f).read_bytes()).hexdigest()[:16]
                                        for f in files if (root / f).exists()}}
     with contextlib.suppress(OSError, subprocess.SubprocessError):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from bench.convergence import converge, experiment, linear_pipeline, nonlinear_pipeline, optimal_parallelism
-from bench.jobmodel import JobModel, Operator
+from evaluation.convergence import converge, experiment, linear_pipeline, nonlinear_pipeline, optimal_parallelism
+from evaluation.jobmodel import JobModel, Operator
 
 
 def test_linear_pipeline_reaches_the_optimum_in_one_step_from_any_side() -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from bench.evaluate import (
+from evaluation.suite import (
     EvalSettings,
     StaticPolicy,
     bench_app,
@@ -86,9 +86,9 @@ def test_noise_is_reproducible() -> None:
 
 
 def test_live_runs_are_measured_as_simulated_ones() -> None:
-    from bench.evaluate_live import live_measures
     from bench.proactive_live import LiveRun
     from contracts.messages import Analysis, EventType, ScalingEvent
+    from evaluation.live import live_measures
 
     def window(end: float, p: int, arrival: float, backlog: int) -> Analysis:
         return Analysis(job_id="j", window_end=end, parallelism=p, valid=True, true_processing_rate=200.0,

@@ -1,4 +1,4 @@
-"""The Flink-Kubernetes-Operator-style baseline (bench/flink_policy.py): each rule, and its bounds."""
+"""The Flink-Kubernetes-Operator-style baseline (evaluation/flink_policy.py): each rule, and its bounds."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.flink_policy import FlinkStylePolicy, align_to_partitions
-from bench.simulator import EPOCH, SimConfig, make_workload, simulate
 from contracts.messages import Analysis
+from evaluation.flink_policy import FlinkStylePolicy, align_to_partitions
+from evaluation.ticks import EPOCH, SimConfig, make_workload, simulate
 
 WINDOW_S = 10.0
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analyze.true_rates import analyze_window
-from bench.jobmodel import JobModel, JobState, Operator, advance, report, rescale
+from evaluation.jobmodel import JobModel, JobState, Operator, advance, report, rescale
 from monitor.windows import add_report, close_window
 
 

@@ -1,4 +1,4 @@
-"""The clairvoyant oracle (bench/oracle.py): exhaustive search on tiny instances, schedules replayed independently."""
+"""The clairvoyant oracle (evaluation/oracle.py): exhaustive search on tiny instances, replayed schedules."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import bench.oracle as oracle_module
-from bench.oracle import (
+import evaluation.oracle as oracle_module
+from evaluation.oracle import (
     OracleResult,
     covering_parallelism,
     oracle_with_restarts,

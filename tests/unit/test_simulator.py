@@ -1,4 +1,4 @@
-"""The diurnal simulator (bench/simulator.py) and its baseline policies (bench/baselines.py): pure."""
+"""The diurnal simulator (evaluation/ticks.py) and its baseline policies (evaluation/baselines.py): pure."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.baselines import OurPolicy, ThresholdPolicy
-from bench.simulator import (
+from contracts.jobs import JobConfig
+from contracts.messages import Analysis
+from evaluation.baselines import OurPolicy, ThresholdPolicy
+from evaluation.ticks import (
     EPOCH,
     SimConfig,
     Workload,
@@ -18,8 +20,6 @@ from bench.simulator import (
     oracle,
     simulate,
 )
-from contracts.jobs import JobConfig
-from contracts.messages import Analysis
 
 
 def constant(rate: float, ticks: int, per_slot: float = 100.0) -> Workload:

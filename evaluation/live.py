@@ -21,7 +21,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from bench.evaluate import (
+from bench.proactive_live import LiveRun, isolated_settings, run_live
+from contracts.jobs import Policy as JobPolicy
+from contracts.messages import EventType
+from evaluation.suite import (
     NATIVE_ROW_SECONDS,
     PROACTIVE,
     TRACE_FILES,
@@ -34,13 +37,10 @@ from bench.evaluate import (
     make_policy,
     simulate,
 )
-from bench.proactive_live import LiveRun, isolated_settings, run_live
-from contracts.jobs import Policy as JobPolicy
-from contracts.messages import EventType
 from stack.processes import start_broker, start_redis, stop_pid
 
 if TYPE_CHECKING:
-    from bench.evaluate import EvalSettings, Trace
+    from evaluation.suite import EvalSettings, Trace
 
 LOW_FRACTION = 0.125
 COMPARED = ("slot_seconds", "beyond_target_s", "lag_p95_s", "actions")

@@ -1,6 +1,6 @@
 """A baseline that behaves like the Apache Flink Kubernetes Operator autoscaler (FLIP-271 as shipped).
 
-Pure: no I/O. It implements `bench.simulator.Policy` for one job-wide parallelism (our jobs have a
+Pure: no I/O. It implements `evaluation.ticks.Policy` for one job-wide parallelism (our jobs have a
 single scalable stage, which Flink would see as one source vertex). See `FlinkStylePolicy`.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from contracts.messages import Analysis
 
-# Ceilings ignore floating-point noise (4.0000000001 slots is 4 slots), as in bench.simulator.
+# Ceilings ignore floating-point noise (4.0000000001 slots is 4 slots), as in evaluation.ticks.
 EPSILON = 1e-9
 # Observed restart times kept when restart-time tracking is on (job.autoscaler.history.max.count).
 RESTART_SAMPLES = 3

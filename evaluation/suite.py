@@ -2,9 +2,9 @@
 
   autoscaler bench evaluate                       every policy, every trace, 6 h of load each
   autoscaler bench evaluate --policy ours --policy flink --trace wiki
-  autoscaler bench evaluate --live --trace sine   (see bench.evaluate_live)
+  autoscaler bench evaluate --live --trace sine   (see evaluation.live)
 
-Each run replays a trace into the job model (`bench.jobmodel`, calibrated from the live demo job),
+Each run replays a trace into the job model (`evaluation.jobmodel`, calibrated from the live demo job),
 one metric window at a time. The model's `MetricReport`s go through the monitor's window folding
 (`monitor.windows`), analyze's true rates (`analyze.true_rates`), and for the proactive policies
 analyze's capacity model, recovery detector and forecaster (`analyze.proactive`, `analyze.forecast`),
@@ -39,15 +39,15 @@ from rich.table import Table
 from analyze.forecast import ForecastState, fit_model, install_model, step
 from analyze.proactive import forecast_config, forecast_view, learn, new_learned
 from analyze.true_rates import analyze_window
-from bench.baselines import OurPolicy, ThresholdPolicy
-from bench.convergence import experiment
-from bench.flink_policy import FlinkStylePolicy
-from bench.jobmodel import JobModel, JobState, Operator, advance, report, rescale
-from bench.oracle import oracle_with_restarts, oracle_without_restarts
-from bench.simulator import Policy
 from contracts.jobs import JobConfig
 from contracts.jobs import Policy as JobPolicy
 from contracts.messages import Action, Analysis, ForecastView
+from evaluation.baselines import OurPolicy, ThresholdPolicy
+from evaluation.convergence import experiment
+from evaluation.flink_policy import FlinkStylePolicy
+from evaluation.jobmodel import JobModel, JobState, Operator, advance, report, rescale
+from evaluation.oracle import oracle_with_restarts, oracle_without_restarts
+from evaluation.ticks import Policy
 from monitor.windows import add_report, close_window
 from pipeline.loadgen import read_trace
 from pipeline.loadgen import rescale as rescale_trace
@@ -56,7 +56,7 @@ from plan.proactive import capacity_function
 
 HERE = Path(__file__).resolve().parent
 TRACES = HERE / "traces"
-RESULTS = HERE / "results"
+RESULTS = Path("results")  # relative to where the command runs
 EPOCH = 1_700_000_000.0  # metric time of simulated second 0 (window-aligned)
 WINDOW_S = 10.0  # the agents' default loop interval
 REPORTS_PER_WINDOW = 2  # the reporter's interval is half a window, so the backlog's growth is seen
@@ -79,7 +79,7 @@ DEMO_CHECKPOINT_S = 5.0  # the demo job's trigger: offsets are committed every m
 POLICIES = ("static", "threshold", "ds2", "flink", "daedalus", "hybrid", "ours")
 PROACTIVE = ("daedalus", "hybrid")
 TRACE_NAMES = ("sine", "cos", "avazu", "iot", "wiki", "taylor", "steps", "spikes")
-SHARED_TRACES = ("sine", "cos", "avazu", "iot", "wiki")  # the five real traces in bench/traces
+SHARED_TRACES = ("sine", "cos", "avazu", "iot", "wiki")  # the five real traces in evaluation/traces
 TRACE_FILES = {"sine": "sine_60000_6h.csv", "cos": "cos_40000_6h.csv", "avazu": "avazu_5min.csv",
                "iot": "IoT_5min.csv", "wiki": "wiki_en_5min.csv"}
 ROW_SECONDS = {"sine": 1.0, "cos": 1.0, "avazu": 25.0, "iot": 25.0, "wiki": 25.0, "taylor": 30.0}
@@ -636,7 +636,7 @@ def evaluate_command(
     settings = EvalSettings(hours=hours, peak=peak, max_parallelism=max_parallelism,
                             backlog_target_s=backlog_target_s)
     if live:
-        from bench.evaluate_live import run_live_evaluation
+        from evaluation.live import run_live_evaluation
 
         run_live_evaluation(console, traces[0], policies[0] if policy else "ours", settings, live_minutes, json_out,
                             live_trace_hours)
@@ -663,7 +663,7 @@ def evaluate_command(
 
 
 def print_convergence(console: Console, rows: list[dict[str, Any]]) -> None:
-    table = Table(title="DS2 convergence on a 3-operator pipeline at a steady 3,000 rec/s (bench.convergence)",
+    table = Table(title="DS2 convergence on a 3-operator pipeline at a steady 3,000 rec/s (evaluation.convergence)",
                   title_justify="left")
     for column in ("pipeline", "start", "from", "optimal", "steps", "path", "reached"):
         table.add_column(column)

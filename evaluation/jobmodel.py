@@ -20,7 +20,7 @@ up, the new parallelism is paid from the decision on, and the records processed 
 checkpoint are processed again.
 
 The model produces the public `MetricReport`s the Spark reporter would send (`reports`), so the
-project's own monitor, analyze and plan code can be driven by it (see `bench.evaluate`).
+project's own monitor, analyze and plan code can be driven by it (see `evaluation.suite`).
 """
 
 from __future__ import annotations

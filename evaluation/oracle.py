@@ -1,7 +1,7 @@
 """A clairvoyant oracle for trace-driven evaluation: the physical limit an autoscaler is compared against.
 
 Pure: no I/O. Knowing the whole future load, the oracle finds the least task-slot-seconds that keep the
-backlog within the catch-up target, paying for every restart the way bench/simulator.py does.
+backlog within the catch-up target, paying for every restart the way evaluation/ticks.py does.
 
 Model (discrete time, steps of `dt` seconds; step i covers [i dt, (i + 1) dt)):
 

@@ -1,4 +1,4 @@
-"""Policies the diurnal simulator compares (pure; see `bench.simulator.Policy`).
+"""Policies the diurnal simulator compares (pure; see `evaluation.ticks.Policy`).
 
 - `ThresholdPolicy`: a plain utilization-threshold autoscaler, the Kubernetes HPA rule.
 - `OurPolicy`: our planner (`plan.agent.guarded_plan`, DS2 with its guards) with the state that

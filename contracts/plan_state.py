@@ -1,0 +1,167 @@
+"""The plan state of one job: what plan and execute remember between windows, typed and versioned.
+
+Plan updates it every window (the controls' counters, the smoothing samples, a pending scale-down,
+the scale-up under judgement, the policy's own state); execute updates it when a rescale ends
+(the parallelism that runs, the windows still measured before it, the measured downtime). The
+knowledge base keeps it as one field per attribute (JSON), so that plan and execute each write
+only the fields they changed and never overwrite each other's.
+
+Versions: 1 is this model. Version 0 is the untyped form kept before it: the same fields in the
+job's state hash beside the stages' watermarks, and the measured downtimes in their own lists;
+`PlanState.load` reads either.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+PLAN_STATE_VERSION = 1
+# Windows measured at the old parallelism that plan may still drop after a rescale completes.
+STALE_WINDOW_BUDGET = 3
+# Measured restarts kept per direction (the restart-time estimates look back over these).
+DOWNTIMES_KEPT = 10
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class Downtimes(_Part):
+    """Measured restarts (seconds) per direction, oldest first, at most `DOWNTIMES_KEPT` each."""
+
+    up: list[float] = Field(default_factory=list)
+    down: list[float] = Field(default_factory=list)
+
+    def by_direction(self) -> dict[str, list[float]]:
+        return {"up": list(self.up), "down": list(self.down)}
+
+    def add(self, direction: Literal["up", "down"], downtime_s: float) -> Downtimes:
+        kept = [*getattr(self, direction), float(downtime_s)][-DOWNTIMES_KEPT:]
+        return self.model_copy(update={direction: kept})
+
+
+class RateSample(_Part):
+    """One valid window's rates, kept for the rates averaged over the metrics window."""
+
+    window_end: float
+    arrival_rate: float | None = None
+    true_processing_rate: float
+    true_output_rate: float
+    utilization: float
+
+
+class ScaleUpCheck(_Part):
+    """A scale-up to judge at the first settled window at its new parallelism."""
+
+    from_parallelism: int = Field(alias="from")
+    to: int
+    per_slot_before: float
+    capacity_before: float
+
+
+class PendingRecovery(_Part):
+    """The rescale whose recovery the detector will report, with its predicted recovery time."""
+
+    from_parallelism: int = Field(alias="from")
+    to: int
+    predicted_s: float | None = None
+    window_end: float
+
+
+class PlanState(BaseModel):
+    """Everything plan and execute keep for one job between windows."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    version: Literal[1] = PLAN_STATE_VERSION
+    # Written by execute when a rescale ends.
+    parallelism: int | None = Field(None, description="What the job runs at, as the runner last reported.")
+    expected_parallelism: int | None = Field(
+        None, description="Windows measured at another parallelism are stale until one arrives at this one.")
+    stale_budget: int = Field(0, description="How many stale windows may still be dropped.")
+    last_rescale_at: float | None = Field(None, description="When the last rescale ended (the runner's clock).")
+    downtimes: Downtimes = Field(default_factory=Downtimes)
+    # Written by plan, every window.
+    window_parallelism: int | None = None
+    windows_at_parallelism: int = 0
+    samples_at_parallelism: int = 0
+    samples: list[RateSample] = Field(default_factory=list)
+    scale_up_check: ScaleUpCheck | None = None
+    scale_up_blocked_until: float | None = None
+    scale_down_since: float | None = None
+    scale_down_max: int | None = None
+    scale_down_from: int | None = None
+    pending_recovery: PendingRecovery | None = None
+    rescale_decided_at: float | None = Field(None, description="Metric time of plan's own last rescale decision.")
+    quota_bound: bool = False
+    needs_forecast: bool = Field(False, description="The job's policy plans with an arrival-rate forecast.")
+    policy_state: dict[str, Any] = Field(
+        default_factory=dict, description="A policy's own memory (e.g. a baseline's metric history), which "
+        "that policy validates with its own model.")
+    # Not stored: the plan shell sets it from execute's lock before each window.
+    rescaling: bool = Field(False, exclude=True)
+
+    # ---------------------------------------------------------------- updates
+
+    def updated(self, changes: Mapping[str, Any]) -> PlanState:
+        """This state with `changes` applied and validated (plain dicts become the typed parts)."""
+        if not changes:
+            return self
+        data = {**self.model_dump(by_alias=True), **changes, "rescaling": self.rescaling}
+        return PlanState.model_validate(data)
+
+    def after_rescale(self, running: int, completed_at: float, downtime_s: float | None,
+                      direction: Literal["up", "down"] | None) -> PlanState:
+        """What execute records when the runner reports the end of a rescale: the parallelism that
+        runs, the stale windows to drop, when it ended and, for a completed rescale, its downtime."""
+        downtimes = self.downtimes
+        if downtime_s is not None and direction is not None:
+            downtimes = downtimes.add(direction, downtime_s)
+        return self.model_copy(update={
+            "parallelism": running, "expected_parallelism": running, "stale_budget": STALE_WINDOW_BUDGET,
+            "last_rescale_at": completed_at, "downtimes": downtimes,
+        })
+
+    # ---------------------------------------------------------------- storage
+
+    def stored_fields(self) -> dict[str, str]:
+        """One JSON value per stored field, as the knowledge base keeps them."""
+        return {name: json.dumps(value) for name, value in self.model_dump(mode="json", by_alias=True).items()}
+
+    def changed_fields(self, before: PlanState) -> dict[str, str]:
+        """The stored fields that differ from `before`: what a writer must store, and nothing else."""
+        old = before.stored_fields()
+        return {name: value for name, value in self.stored_fields().items() if old.get(name) != value}
+
+    @classmethod
+    def load(cls, fields: Mapping[str, str], downtimes: Mapping[str, Sequence[float]] | None = None) -> PlanState:
+        """The state from its stored fields (JSON strings), migrating older versions.
+
+        Version 0 kept the fields in the job's state hash beside other stages' (ignored here), and
+        its measured downtimes in separate lists: `downtimes` (per direction, oldest first)."""
+        values = {name: _json(text) for name, text in fields.items()}
+        version = values.get("version", 0)
+        if version == 0:
+            values = {name: value for name, value in values.items() if name in cls.model_fields}
+            values["version"] = PLAN_STATE_VERSION
+            if downtimes:
+                values["downtimes"] = {d: [float(x) for x in downtimes.get(d, ())][-DOWNTIMES_KEPT:]
+                                       for d in ("up", "down")}
+        elif version != PLAN_STATE_VERSION:
+            raise ValueError(f"plan state version {version} is newer than this planner's {PLAN_STATE_VERSION}")
+        values = {name: value for name, value in values.items() if name in cls.model_fields and name != "rescaling"}
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise ValueError(f"unreadable plan state: {exc.errors(include_url=False)[:3]}") from None
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, json.JSONDecodeError):
+        return text
