@@ -14,6 +14,7 @@ job's state hash beside the stages' watermarks, and the measured downtimes in th
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -30,11 +31,39 @@ class _Part(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
 
+def expected_restart_time(recent_downtimes: Sequence[float], default_s: float, cap_s: float) -> float:
+    """The slowest of the recent measured restarts (a restart is rarely faster than the last slow
+    one), capped; the configured default until one has been measured."""
+    recent = [d for d in recent_downtimes if d >= 0]
+    return min(max(recent), cap_s) if recent else min(default_s, cap_s)
+
+
 class Downtimes(_Part):
     """Measured restarts (seconds) per direction, oldest first, at most `DOWNTIMES_KEPT` each."""
 
     up: list[float] = Field(default_factory=list)
     down: list[float] = Field(default_factory=list)
+
+    def expected(self, direction: Literal["up", "down"], default_s: float, cap_s: float = math.inf,
+                 recent: int = 5) -> float:
+        """The downtime to expect for a rescale in `direction`: the longest of the `recent` last
+        measured ones in that direction, capped at `cap_s`; `default_s` until one is measured.
+
+        The maximum, not the median: a recovery prediction is a worst case on purpose (as Daedalus
+        replays a full checkpoint interval), and a restart is rarely faster than the last slow one.
+        The window of `recent` measurements lets one slow outlier age out; `cap_s` bounds it meanwhile."""
+        if direction not in ("up", "down"):
+            raise ValueError(f"direction must be 'up' or 'down', got {direction!r}")
+        if recent < 1:
+            raise ValueError(f"recent must be >= 1, got {recent!r}")
+        measured = [d for d in getattr(self, direction) if math.isfinite(d) and d >= 0][-recent:]
+        return expected_restart_time(measured, default_s, cap_s)
+
+    def restart_time(self, default_s: float, cap_s: float) -> float | None:
+        """The restart time to plan a rescale with, either direction (see `expected_restart_time`);
+        None until one has been measured."""
+        measured = [*self.up, *self.down]
+        return expected_restart_time(measured, default_s, cap_s) if measured else None
 
     def by_direction(self) -> dict[str, list[float]]:
         return {"up": list(self.up), "down": list(self.down)}

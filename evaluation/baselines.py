@@ -15,9 +15,9 @@ from typing import Any
 
 from contracts.jobs import JobConfig
 from contracts.messages import Action, Analysis
+from contracts.plan_state import expected_restart_time
 from execute.agent import STALE_WINDOW_BUDGET
 from plan.controls import RESTART_HISTORY, guarded_plan
-from plan.recovery import expected_restart_time
 
 EPSILON = 1e-9
 

@@ -10,12 +10,12 @@ from dataclasses import replace
 from contracts import metrics
 from contracts.jobs import Mode
 from contracts.messages import Action, Analysis, ScalingDecision
+from contracts.plan_state import expected_restart_time
 from contracts.settings import Settings
 from contracts.stage import Incoming, Publish, Subscription, Timer
 from knowledge.store import Knowledge
 from plan.controls import RESTART_HISTORY, apply_quota, guarded_plan
 from plan.proactive import recovery_notice
-from plan.recovery import expected_restart_time
 
 log = logging.getLogger("autoscaler.plan")
 

@@ -15,8 +15,9 @@ from typing import Any
 from analyze.capacity import UnknownCapacity, ds2_capacity, fit_scaling_curve
 from contracts.jobs import JobConfig, Policy
 from contracts.messages import Analysis, DecisionReason, RecoveryView
+from contracts.plan_state import Downtimes
 from plan.ds2 import Plan, direction
-from plan.recovery import choose_scale_out, expected_downtime, predict_recovery, replay_records
+from plan.recovery import choose_scale_out, predict_recovery, replay_records
 
 
 def regression_capacity(observed: Mapping[str, float]) -> Callable[[int], float] | None:
@@ -40,8 +41,9 @@ def capacity_function(analysis: Analysis, policy: Policy) -> tuple[Callable[[int
 
 
 def downtimes_expected(downtimes: Mapping[str, Sequence[float]], config: JobConfig) -> tuple[float, float]:
-    up = expected_downtime(downtimes, "up", config.restart_time_s, cap_s=config.restart_time_cap_s)
-    down = expected_downtime(downtimes, "down", config.restart_time_s, cap_s=config.restart_time_cap_s)
+    measured = Downtimes(up=list(downtimes.get("up", ())), down=list(downtimes.get("down", ())))
+    up = measured.expected("up", config.restart_time_s, cap_s=config.restart_time_cap_s)
+    down = measured.expected("down", config.restart_time_s, cap_s=config.restart_time_cap_s)
     return up, down
 
 

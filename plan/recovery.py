@@ -15,7 +15,7 @@ not finished by then is `math.inf` (never within what the forecast can tell).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -139,39 +139,6 @@ def predict_recovery_time(
 ) -> float:
     """Seconds from the stop until caught up (math.inf if not within the forecast and its extension)."""
     return predict_recovery(capacity, forecast, step_s, backlog, downtime_s, replay_records, beyond_horizon_s).seconds
-
-
-def expected_restart_time(recent_downtimes: Sequence[float], default_s: float, cap_s: float) -> float:
-    """The slowest of the recent measured restarts (a restart is rarely faster than the last slow
-    one), capped; the configured default until one has been measured."""
-    recent = [d for d in recent_downtimes if d >= 0]
-    return min(max(recent), cap_s) if recent else min(default_s, cap_s)
-
-
-# Daedalus's initial downtimes until one is measured: 30 s to scale out, 15 s to scale in.
-DEFAULT_DOWNTIME_S: dict[Direction, float] = {"up": 30.0, "down": 15.0}
-
-
-def expected_downtime(
-    downtimes_by_direction: Mapping[str, Sequence[float]],
-    direction: Direction,
-    default: float,
-    recent: int = 5,
-    cap_s: float = math.inf,
-) -> float:
-    """The downtime to expect for a rescale in `direction` ("up" or "down"): the longest of the
-    `recent` last measured ones in that direction, capped at `cap_s`; `default` until one is measured.
-
-    The maximum, not the median: the recovery prediction is a worst case on purpose (as the
-    paper's full checkpoint interval of replay), a restart is rarely faster than the last slow
-    one, and plan's `expected_restart_time` takes the maximum too. The window of `recent`
-    measurements lets one slow outlier age out; `cap_s` bounds it meanwhile."""
-    if direction not in ("up", "down"):
-        raise ValueError(f"direction must be 'up' or 'down', got {direction!r}")
-    if recent < 1:
-        raise ValueError(f"recent must be >= 1, got {recent!r}")
-    measured = [d for d in downtimes_by_direction.get(direction, ()) if math.isfinite(d) and d >= 0][-recent:]
-    return expected_restart_time(measured, default, cap_s)
 
 
 @dataclass(frozen=True)

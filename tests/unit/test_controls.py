@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from contracts.jobs import ConfigError, JobConfig, parse_assignments, validate_overrides
 from contracts.messages import Action, Analysis
 from contracts.periods import PeriodError, excluded_at, parse_periods
+from contracts.plan_state import expected_restart_time
 from contracts.settings import Settings
 from plan.controls import (
     align,
@@ -23,7 +24,6 @@ from plan.controls import (
     limit_step,
 )
 from plan.ds2 import Plan, plan_ds2
-from plan.recovery import expected_restart_time
 from tests.unit.test_ds2 import analysis
 
 # Every control that is not under test is neutral: no band, no delay, no restart cost, no waiting.

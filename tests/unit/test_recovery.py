@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from analyze.anomaly import RecoveryDetector
+from contracts.plan_state import Downtimes
 from plan.recovery import (
     Choice,
     choose_scale_out,
-    expected_downtime,
     forecast_max,
     integrate_forecast,
     predict_recovery,
@@ -82,12 +82,13 @@ def test_forecast_helpers() -> None:
 
 
 def test_expected_downtime_is_the_longest_recent_one_per_direction() -> None:
-    measured = {"up": [80.0, 20.0, 25.0, 22.0, 21.0, 24.0], "down": [12.0]}
-    assert expected_downtime(measured, "up", 30.0) == 25.0  # the 80 s outlier aged out of the last 5
-    assert expected_downtime(measured, "up", 30.0, recent=6) == 80.0
-    assert expected_downtime(measured, "up", 30.0, recent=6, cap_s=60.0) == 60.0
-    assert expected_downtime(measured, "down", 15.0) == 12.0
-    assert expected_downtime({}, "down", 15.0) == 15.0
+    raw = {"up": [80.0, 20.0, 25.0, 22.0, 21.0, 24.0], "down": [12.0]}
+    measured = Downtimes.model_validate(raw)
+    assert measured.expected("up", 30.0) == 25.0  # the 80 s outlier aged out of the last 5
+    assert measured.expected("up", 30.0, recent=6) == 80.0
+    assert measured.expected("up", 30.0, recent=6, cap_s=60.0) == 60.0
+    assert measured.expected("down", 15.0) == 12.0
+    assert Downtimes().expected("down", 15.0) == 15.0
 
 
 # ---------------------------------------------------------------- Algorithm 1
