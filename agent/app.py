@@ -23,7 +23,7 @@ from execute.agent import ExecuteAgent
 from infra.kafka import TopicKeeper
 from infra.resilience import until_done
 from infra.security import faust_credentials, redact
-from knowledge.store import Knowledge
+from knowledge import Knowledge
 from monitor.agent import MonitorAgent
 from plan.agent import PlanAgent
 

@@ -19,6 +19,7 @@ app = typer.Typer(help="A MAPE-K autoscaler for streaming pipelines.", no_args_i
 jobs_app = typer.Typer(help="Register and list jobs.", no_args_is_help=True)
 config_app = typer.Typer(help="Per-job configuration, kept in knowledge.", no_args_is_help=True)
 stack_app = typer.Typer(help="The embedded stack: broker, Redis and agents on this machine.", no_args_is_help=True)
+bench_app = typer.Typer(help="Former home of `autoscaler evaluate`.", no_args_is_help=True)
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(config_app, name="config")
 app.add_typer(stack_app, name="stack")
@@ -42,9 +43,12 @@ def _mount_optional() -> None:
     except ImportError:
         pass
     try:
-        from evaluation.suite import bench_app
+        from evaluation.cli import evaluate_command
 
-        app.add_typer(bench_app, name="bench", help="The evaluation suite: policies against traces and an oracle.")
+        app.command("evaluate")(evaluate_command)
+        bench_app.command("evaluate", help="The same as `autoscaler evaluate` (its former name, kept for one "
+                          "release).")(evaluate_command)
+        app.add_typer(bench_app, name="bench")
     except ImportError:
         pass
 
@@ -199,7 +203,7 @@ def jobs_list() -> None:
     table = Table("job", "mode", "policy", "parallelism", "bounds", "target util")
     for job, config, state in _knowledge_call(collect):
         table.add_row(
-            job, config.mode.value, config.policy.value,
+            job, config.mode.value, config.policy,
             str(state.get("parallelism", state.get("parallelism_seen", "?"))),
             f"{config.min_parallelism}..{config.max_parallelism}", f"{config.target_utilization:.0%}",
         )

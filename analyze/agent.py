@@ -16,7 +16,7 @@ from contracts.dead_letters import Rejection, dead_letter
 from contracts.messages import MetricWindow
 from contracts.settings import Settings
 from contracts.stage import Incoming, Publish, Subscription, Timer
-from knowledge.store import Knowledge
+from knowledge import Knowledge
 
 log = logging.getLogger("autoscaler.analyze")
 
@@ -73,7 +73,8 @@ class AnalyzeAgent:
         learned = Learned.from_dict(stored) if stored else new_learned(config.anomaly_k, config.backlog_tolerance_s)
         learned, capacity, recovery = learn(learned, window, analysis)
         forecast = None
-        if config.policy.proactive and window.source is not None:
+        # Only for a job whose policy plans with a forecast (the plan stage records that in the plan state).
+        if window.source is not None and (await knowledge.plan_state(job)).needs_forecast:
             # The forecast skips points it already has, so a redelivered window does not count twice.
             settings = forecast_config(window.window_end - window.window_start, config.forecast_horizon_s,
                                        config.forecast_wape_threshold, config.forecast_retrain_after,

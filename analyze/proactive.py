@@ -14,9 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analyze.anomaly import RecoveryDetector
-from analyze.capacity import CapacityEstimate, CapacityModel, IdleWindow, UnknownCapacity, choose_capacity
+from analyze.capacity import (
+    CapacityEstimate,
+    CapacityModel,
+    IdleWindow,
+    UnknownCapacity,
+    choose_capacity,
+    fit_scaling_curve,
+)
 from analyze.forecast import Forecast, ForecastConfig, ForecastDecision
-from contracts.messages import Analysis, CapacityView, ForecastView, MetricWindow, RecoveryView
+from contracts.messages import Analysis, CapacityCurve, CapacityView, ForecastView, MetricWindow, RecoveryView
 
 
 @dataclass
@@ -104,12 +111,23 @@ def capacity_view(model: CapacityModel, window: MetricWindow, analysis: Analysis
     rate = analysis.true_processing_rate if busy_reported else None
     samples = sum(m.count for m in model.workers.values()) if model.parallelism == p else 0
     observed = {str(k): v for k, v in sorted(model.observed.items())}
+    curve = scaling_curve(observed)
     try:
         choice = choose_capacity(rate, estimate, p)
     except UnknownCapacity as exc:
-        return CapacityView(observed=observed, why=str(exc), regression_samples=samples)
+        return CapacityView(observed=observed, why=str(exc), regression_samples=samples, curve=curve)
     return CapacityView(observed=observed, current=choice.value, source=choice.source, why=choice.why,
-                        regression_samples=samples)
+                        regression_samples=samples, curve=curve)
+
+
+def scaling_curve(observed: Mapping[str, float]) -> CapacityCurve | None:
+    """The scaling curve through the observed capacities (None before any positive one), so that
+    plan can predict the capacity of a scale-out not seen yet."""
+    try:
+        c, k, _ = fit_scaling_curve({int(p): float(c) for p, c in observed.items()})
+    except UnknownCapacity:
+        return None
+    return CapacityCurve(coefficient=c, exponent=k)
 
 
 def forecast_view(decision: ForecastDecision) -> ForecastView | None:

@@ -17,23 +17,16 @@ class Mode(StrEnum):
     AUTO = "auto"
 
 
-class Policy(StrEnum):
-    DS2 = "ds2"  # reactive: DS2 true rates, backlog catch-up, utilization target
-    DAEDALUS = "daedalus"  # proactive: CPU-throughput regression, forecast, predicted recovery time
-    HYBRID = "hybrid"  # proactive, with DS2 true rates for capacity when busy time is reported
-
-    @property
-    def proactive(self) -> bool:
-        return self is not Policy.DS2
-
-
 class JobConfig(BaseModel):
     """Validated per-job configuration. Unknown keys and out-of-range values are refused."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     mode: Mode = Mode.AUTO
-    policy: Policy = Policy.DS2
+    policy: str = Field(
+        "default", pattern=r"^[a-z][a-z0-9_-]{0,63}$",
+        description="The scaling policy, by its name in the policy registry (`autoscaler policies` lists them).",
+    )
     target_utilization: float = Field(0.7, gt=0, le=1)
     utilization_band: float = Field(
         0.15, ge=0, lt=1, description="No rescale while the utilization the target rate implies at the "

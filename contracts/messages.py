@@ -170,6 +170,13 @@ class OperatorAnalysis(Contract):
     arrival_rate: NonNegativeFloat | None = None
 
 
+class CapacityCurve(Contract):
+    """Capacity at an unseen scale-out p: coefficient x p^exponent, fitted through the scale-outs seen."""
+
+    coefficient: float
+    exponent: float
+
+
 class CapacityView(Contract):
     """What the capacity model knows (Daedalus): records/s the job can process per scale-out."""
 
@@ -182,6 +189,7 @@ class CapacityView(Contract):
     )
     why: str = ""
     regression_samples: NonNegativeInt = Field(0, description="Samples in the current scale-out's regressions.")
+    curve: CapacityCurve | None = Field(None, description="The scaling curve through `observed`, for other scale-outs.")
 
 
 class ForecastView(Contract):

@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from functools import cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 PLAN_STATE_VERSION = 1
 # Windows measured at the old parallelism that plan may still drop after a rescale completes.
@@ -137,11 +138,11 @@ class PlanState(BaseModel):
     # ---------------------------------------------------------------- updates
 
     def updated(self, changes: Mapping[str, Any]) -> PlanState:
-        """This state with `changes` applied and validated (plain dicts become the typed parts)."""
+        """This state with `changes` applied, each validated (plain dicts become the typed parts)."""
         if not changes:
             return self
-        data = {**self.model_dump(by_alias=True), **changes, "rescaling": self.rescaling}
-        return PlanState.model_validate(data)
+        return self.model_copy(update={name: _field_adapter(name).validate_python(value)
+                                       for name, value in changes.items()})
 
     def after_rescale(self, running: int, completed_at: float, downtime_s: float | None,
                       direction: Literal["up", "down"] | None) -> PlanState:
@@ -187,6 +188,14 @@ class PlanState(BaseModel):
             return cls.model_validate(values)
         except ValidationError as exc:
             raise ValueError(f"unreadable plan state: {exc.errors(include_url=False)[:3]}") from None
+
+
+@cache
+def _field_adapter(name: str) -> TypeAdapter[Any]:
+    field = PlanState.model_fields.get(name)
+    if field is None or name in ("version", "rescaling"):
+        raise ValueError(f"{name!r} is not a field of the plan state a stage may change")
+    return TypeAdapter(field.annotation)
 
 
 def _json(text: str) -> Any:

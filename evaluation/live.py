@@ -1,4 +1,4 @@
-"""`autoscaler bench evaluate --live`: a time-compressed trace against the real Spark demo job, end to
+"""`autoscaler evaluate --live`: a time-compressed trace against the real Spark demo job, end to
 end through the agents, measured as the simulated runs are, beside the simulation of the same replay.
 
 Starts its own broker and Redis, the four agents, the demo job (local Spark) and the load generator
@@ -22,25 +22,18 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.proactive_live import LiveRun, isolated_settings, run_live
-from contracts.jobs import Policy as JobPolicy
 from contracts.messages import EventType
-from evaluation.suite import (
-    NATIVE_ROW_SECONDS,
-    PROACTIVE,
-    TRACE_FILES,
-    TRACES,
-    WINDOW_S,
-    demo_model,
-    eval_config,
-    forecast_stream,
-    load_trace,
-    make_policy,
-    simulate,
-)
+from evaluation.forecasts import forecast_stream
+from evaluation.jobmodel import demo_model
+from evaluation.simulator import WINDOW_S, PolicyRunner, simulate
+from evaluation.suite import eval_config
+from evaluation.traces import NATIVE_ROW_SECONDS, TRACE_FILES, TRACES, load_trace
+from plan.registry import make_policy, policy_class
 from stack.processes import start_broker, start_redis, stop_pid
 
 if TYPE_CHECKING:
-    from evaluation.suite import EvalSettings, Trace
+    from evaluation.suite import EvalSettings
+    from evaluation.traces import Trace
 
 LOW_FRACTION = 0.125
 COMPARED = ("slot_seconds", "beyond_target_s", "lag_p95_s", "actions")
@@ -75,10 +68,9 @@ def simulated_replay(trace_name: str, policy: str, settings: EvalSettings, minut
     replay_s = minutes * 60
     rows = math.ceil(trace_hours * 3600 / NATIVE_ROW_SECONDS[trace_name])
     trace = load_trace(trace_name, replay_s / 3600, settings.peak, LOW_FRACTION, row_seconds=replay_s / rows)
-    config = eval_config(settings).model_copy(
-        update={"policy": JobPolicy("ds2" if policy in ("ours", "ds2") else policy)})
-    forecasts = forecast_stream(trace, config) if policy in PROACTIVE else None
-    run = simulate(trace, demo_model(), make_policy(policy, config, settings.max_parallelism), config, 1,
+    config = eval_config(settings).model_copy(update={"policy": policy})
+    forecasts = forecast_stream(trace, config) if policy_class(policy).needs_forecast else None
+    run = simulate(trace, demo_model(), PolicyRunner(make_policy(policy), config), config, 1,
                    settings.backlog_target_s, forecasts)
     return trace, run.summary()
 
@@ -93,7 +85,7 @@ def run_live_evaluation(console: Console, trace_name: str, policy: str, settings
     rows = math.ceil(trace_hours * 3600 / native)
     row_s = replay_s / rows
     peak = settings.peak
-    overrides = {"policy": "ds2" if policy in ("ours", "ds2") else policy,
+    overrides = {"policy": policy,
                  "forecast_min_points": str(eval_config(settings).forecast_min_points)}
     workdir = Path(tempfile.mkdtemp(prefix="evaluate-live-"))
     broker, redis = start_broker(log_path=workdir / "broker.log"), start_redis(log_path=workdir / "redis.log")

@@ -22,7 +22,7 @@ from contracts.messages import (
 )
 from contracts.settings import Settings
 from contracts.stage import Incoming, Publish, Subscription, Timer
-from knowledge.store import Knowledge
+from knowledge import Knowledge
 
 log = logging.getLogger("autoscaler.execute")
 

@@ -1,0 +1,3 @@
+from knowledge.store import Knowledge
+
+__all__ = ["Knowledge"]

@@ -15,7 +15,7 @@ from contracts.dead_letters import DeadLetter, Rejection, dead_letter
 from contracts.messages import MetricReport, MetricWindow
 from contracts.settings import Settings
 from contracts.stage import Incoming, Publish, Subscription, Timer
-from knowledge.store import Knowledge
+from knowledge import Knowledge
 from monitor.validation import parse_report
 from monitor.windows import RefusedReport, WindowState, add_report, already_applied
 

@@ -10,11 +10,11 @@ which the job-level busy time already adds up, so slots = target rate / per-slot
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from graphlib import CycleError, TopologicalSorter
 
 from contracts.jobs import JobConfig
 from contracts.messages import Action, Analysis, DecisionReason, OperatorAnalysis
+from plan.policy import Plan, direction, hold
 
 # Guards the ceiling against floating-point noise (4.0000000001 slots is 4 slots).
 EPSILON = 1e-9
@@ -28,30 +28,6 @@ def target_rate(arrival_rate: float, backlog: int, catch_up_duration_s: float, r
     """Keep up with arrivals and drain, within the catch-up duration, the current backlog plus what
     arrives while the job restarts (zero when it stays as it is)."""
     return arrival_rate + (backlog + arrival_rate * restart_time_s) / catch_up_duration_s
-
-
-@dataclass(frozen=True)
-class Plan:
-    action: Action
-    to_parallelism: int
-    reason: DecisionReason
-    operator_targets: dict[str, int] = field(default_factory=dict)
-    # What the policy recommended before a control held or changed it.
-    recommended: int | None = None
-    # Things a user should hear about beyond this decision (an ineffective scale-up, the quota).
-    notices: list[DecisionReason] = field(default_factory=list)
-
-
-def hold(parallelism: int, code: str, message: str, rule: str = "ds2", **numbers: float | int | None) -> Plan:
-    return Plan(Action.NONE, parallelism, DecisionReason(code=code, rule=rule, message=message, numbers=numbers))
-
-
-def direction(current: int, target: int) -> Action:
-    if target > current:
-        return Action.SCALE_UP
-    if target < current:
-        return Action.SCALE_DOWN
-    return Action.NONE
 
 
 def topological_order(operators: list[OperatorAnalysis]) -> list[OperatorAnalysis]:

@@ -1,65 +1,64 @@
-"""The proactive policies: Daedalus's scale-out choice over analyze's capacity model and forecast.
+"""Daedalus's scale-out choice over analyze's capacity model and forecast, and recovery predictions.
 
-`daedalus` takes capacities from the CPU-throughput regression (observed per scale-out, the
-scaling curve elsewhere); `hybrid` takes DS2's true rate times the slots when the job reports
-busy time, the regression otherwise. Both choose with `plan.recovery.choose_scale_out`. Without a
-forecast or a capacity yet they return None and plan falls back to DS2, saying so.
+The `daedalus` and `hybrid` policies (plan/policies/) plan with `plan_proactive`: each gives the
+capacity per scale-out it trusts. Without a forecast or a capacity yet `plan_proactive` returns
+None and the policy falls back to DS2, saying so. Every guarded policy predicts the recovery of its
+rescales with `predicted_recovery_s`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable
 
-from analyze.capacity import UnknownCapacity, ds2_capacity, fit_scaling_curve
-from contracts.jobs import JobConfig, Policy
-from contracts.messages import Analysis, DecisionReason, RecoveryView
-from contracts.plan_state import Downtimes
-from plan.ds2 import Plan, direction
+from contracts.jobs import JobConfig
+from contracts.messages import Analysis, CapacityView, DecisionReason, RecoveryView
+from contracts.plan_state import Downtimes, PendingRecovery
+from plan.policy import Plan, direction
 from plan.recovery import choose_scale_out, predict_recovery, replay_records
 
+Capacity = Callable[[int], float]
 
-def regression_capacity(observed: Mapping[str, float]) -> Callable[[int], float] | None:
-    """Capacity (records/s) per scale-out from the model's observed points; None if there are none."""
-    points = {int(p): float(c) for p, c in observed.items()}
-    try:
-        c, k, _ = fit_scaling_curve(points)
-    except UnknownCapacity:
+
+def regression_capacity(view: CapacityView) -> Capacity | None:
+    """Capacity (records/s) per scale-out from analyze's capacity model: measured where a scale-out
+    was seen, on its scaling curve elsewhere; None before anything was measured."""
+    curve = view.curve
+    if curve is None:
         return None
+    points = {int(p): float(c) for p, c in view.observed.items()}
+    c, k = curve.coefficient, curve.exponent
     return lambda p: points[p] if p in points else c * p**k
 
 
-def capacity_function(analysis: Analysis, policy: Policy) -> tuple[Callable[[int], float] | None, str]:
-    """The capacity per scale-out the policy plans with, and where it comes from."""
-    view = analysis.capacity
-    if policy is Policy.HYBRID and view is not None and view.source == "ds2":
-        rate = analysis.true_processing_rate
-        return (lambda p: ds2_capacity(p, rate)), "ds2"
-    regression = regression_capacity(view.observed) if view is not None else None
-    return regression, "regression"
+def ds2_capacity(parallelism: int, rate_per_slot: float) -> float:
+    """DS2's capacity: slots times the true processing rate per slot (records per busy second)."""
+    return parallelism * rate_per_slot
 
 
-def downtimes_expected(downtimes: Mapping[str, Sequence[float]], config: JobConfig) -> tuple[float, float]:
-    measured = Downtimes(up=list(downtimes.get("up", ())), down=list(downtimes.get("down", ())))
-    up = measured.expected("up", config.restart_time_s, cap_s=config.restart_time_cap_s)
-    down = measured.expected("down", config.restart_time_s, cap_s=config.restart_time_cap_s)
+def downtimes_expected(downtimes: Downtimes, config: JobConfig) -> tuple[float, float]:
+    """The restart to expect to scale up and to scale down, from the measured ones."""
+    up = downtimes.expected("up", config.restart_time_s, cap_s=config.restart_time_cap_s)
+    down = downtimes.expected("down", config.restart_time_s, cap_s=config.restart_time_cap_s)
     return up, down
 
 
 def plan_proactive(
     analysis: Analysis,
     config: JobConfig,
-    downtimes: Mapping[str, Sequence[float]],
+    downtimes: Downtimes,
     since_last_rescale_s: float | None,
+    capacity: tuple[Capacity | None, str],
+    rule: str,
 ) -> tuple[Plan | None, str]:
-    """The policy's plan, or (None, why not) when it cannot decide yet."""
+    """Daedalus's choice with `capacity` (the function and where it comes from), or (None, why
+    not) when it cannot decide yet; `rule` names the policy in the reason."""
     forecast = analysis.forecast
     if forecast is None or not forecast.values:
         return None, "no arrival-rate forecast yet"
     if analysis.arrival_rate is None:
         return None, "the job reports no arrival rate"
-    capacity_of, source = capacity_function(analysis, config.policy)
+    capacity_of, source = capacity
     if capacity_of is None:
         return None, "no capacity measured yet"
     current = analysis.parallelism
@@ -76,7 +75,7 @@ def plan_proactive(
     numbers: dict[str, float | int | None] = {**choice.numbers, "forecast_wape": forecast.wape}
     message = f"{choice.message} (capacity from {source}, forecast by {forecast.method})"
     to = choice.parallelism
-    reason = DecisionReason(code=f"daedalus_{choice.reason}", rule=config.policy.value, message=message,
+    reason = DecisionReason(code=f"daedalus_{choice.reason}", rule=rule, message=message,
                             numbers=numbers)
     return Plan(direction(current, to), to, reason, recommended=to), ""
 
@@ -87,19 +86,12 @@ def caught_up_records(analysis: Analysis, config: JobConfig) -> float:
 
 
 def predicted_recovery_s(
-    analysis: Analysis, config: JobConfig, to: int, downtimes: Mapping[str, Sequence[float]]
+    analysis: Analysis, config: JobConfig, to: int, downtimes: Downtimes, capacity_of: Capacity | None
 ) -> float | None:
     """The recovery time Daedalus predicts for a rescale to `to`, whichever policy chose it: with the
-    forecast when there is one (a flat arrival rate otherwise) and the policy's capacity (DS2's for
-    `ds2`). None when the job reports no arrival rate or no capacity is known."""
-    if analysis.arrival_rate is None:
-        return None
-    if config.policy is Policy.DS2 or analysis.capacity is None:
-        rate = analysis.true_processing_rate
-        capacity_of: Callable[[int], float] | None = (lambda p: ds2_capacity(p, rate)) if rate > 0 else None
-    else:
-        capacity_of, _ = capacity_function(analysis, config.policy)
-    if capacity_of is None:
+    forecast when there is one (a flat arrival rate otherwise) and the capacity the policy plans
+    with. None when the job reports no arrival rate or no capacity is known."""
+    if analysis.arrival_rate is None or capacity_of is None:
         return None
     if analysis.forecast is not None and analysis.forecast.values:
         values, step_s = analysis.forecast.values, analysis.forecast.step_s
@@ -114,11 +106,11 @@ def predicted_recovery_s(
     return prediction.seconds if math.isfinite(prediction.seconds) else None
 
 
-def recovery_notice(recovery: RecoveryView, pending: Mapping[str, Any] | None) -> DecisionReason:
+def recovery_notice(recovery: RecoveryView, pending: PendingRecovery | None) -> DecisionReason:
     """The `recovered` finding: the observed recovery beside the prediction of the rescale behind it."""
     predicted = None
-    if pending and pending.get("to") == recovery.to_parallelism:
-        predicted = pending.get("predicted_s")
+    if pending and pending.to == recovery.to_parallelism:
+        predicted = pending.predicted_s
     error = None if predicted is None else recovery.observed_s - predicted
     shown = "no prediction" if predicted is None else f"predicted {predicted:.0f} s"
     return DecisionReason(

@@ -14,16 +14,13 @@ from hypothesis import strategies as st
 from contracts.jobs import ConfigError, JobConfig, parse_assignments, validate_overrides
 from contracts.messages import Action, Analysis
 from contracts.periods import PeriodError, excluded_at, parse_periods
-from contracts.plan_state import expected_restart_time
+from contracts.plan_state import Downtimes, PlanState, expected_restart_time
 from contracts.settings import Settings
-from plan.controls import (
-    align,
-    apply_quota,
-    even_parallelism,
-    guarded_plan,
-    limit_step,
-)
-from plan.ds2 import Plan, plan_ds2
+from plan.controls import align, even_parallelism, limit_step
+from plan.ds2 import plan_ds2
+from plan.policies.default import DefaultPolicy
+from plan.policy import Plan
+from plan.step import apply_quota, decide
 from tests.unit.test_ds2 import analysis
 
 # Every control that is not under test is neutral: no band, no delay, no restart cost, no waiting.
@@ -38,15 +35,17 @@ def config(**overrides: Any) -> JobConfig:
 
 
 class Loop:
-    """Feeds windows to the controls as the plan agent does, keeping the plan state."""
+    """Feeds windows to the planner step with the default policy, as the plan agent does, keeping
+    the plan state; `restart_time_s` is a restart execute measured before."""
 
     def __init__(self, job_config: JobConfig, restart_time_s: float | None = None):
-        self.config, self.state, self.restart = job_config, {}, restart_time_s
+        self.config = job_config
+        self.state = PlanState(downtimes=Downtimes(up=[] if restart_time_s is None else [restart_time_s]))
         self.plans: list[Plan] = []
 
     def window(self, rescaling: bool = False, **fields: Any) -> Plan:
-        plan, updates = guarded_plan(analysis(**fields), self.config, self.state, rescaling, self.restart)
-        self.state = {**self.state, **updates}
+        self.state, plan = decide(self.state.model_copy(update={"rescaling": rescaling}), analysis(**fields),
+                                  self.config, DefaultPolicy())
         self.plans.append(plan)
         return plan
 
@@ -285,11 +284,10 @@ def noisy_steady_windows(seed: int, minutes: int = 30, noise: float = 0.05) -> l
 
 
 def actions(windows: list[Analysis], job_config: JobConfig) -> int:
-    state: dict[str, Any] = {}
+    state = PlanState()
     count = 0
     for window in windows:
-        plan, updates = guarded_plan(window, job_config, state, False)
-        state |= updates
+        state, plan = decide(state, window, job_config, DefaultPolicy())
         count += plan.action is not Action.NONE
     return count
 

@@ -7,19 +7,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import typer
 from typer.testing import CliRunner
 
-from evaluation.suite import (
-    EvalSettings,
-    StaticPolicy,
-    bench_app,
-    demo_model,
-    eval_config,
-    evaluate_trace,
-    load_trace,
-    simulate,
-    static_parallelism,
-)
+from evaluation.cli import evaluate_command
+from evaluation.jobmodel import demo_model
+from evaluation.simulator import PolicyRunner, simulate, static_parallelism
+from evaluation.suite import EvalSettings, eval_config, evaluate_trace
+from evaluation.traces import load_trace
+from plan.policies.static import StaticPolicy
+
+evaluate_app = typer.Typer()
+evaluate_app.command()(evaluate_command)
+
+
+def static(settings: EvalSettings) -> PolicyRunner:
+    return PolicyRunner(StaticPolicy(), eval_config(settings))
 
 
 @pytest.mark.parametrize("name", ["sine", "wiki", "steps"])
@@ -41,39 +44,39 @@ def test_static_pays_its_slots_for_the_whole_replay_and_never_rescales() -> None
     model = demo_model()
     p = static_parallelism(model, float(trace.rates.max()), 12)
     assert model.capacity(p) >= trace.rates.max() > model.capacity(p - 1)
-    run = simulate(trace, model, StaticPolicy(), eval_config(EvalSettings()), p, 60.0)
+    run = simulate(trace, model, static(EvalSettings()), eval_config(EvalSettings()), p, 60.0)
     assert run.slot_seconds == pytest.approx(p * 3600)
     assert run.actions == 0 and run.beyond_target_s == 0
 
 
 def test_every_record_is_accounted_for_in_an_autoscaled_run() -> None:
-    result = evaluate_trace("steps", ["static", "ours", "ds2"], EvalSettings(hours=1.0, peak=1000.0))
+    result = evaluate_trace("steps", ["static", "default", "ds2"], EvalSettings(hours=1.0, peak=1000.0))
     runs = {r["policy"]: r for r in result["runs"]}
-    assert runs["ours"]["actions"] > 0
-    assert runs["ours"]["slot_seconds"] < runs["static"]["slot_seconds"]
+    assert runs["default"]["actions"] > 0
+    assert runs["default"]["slot_seconds"] < runs["static"]["slot_seconds"]
     # The oracle is a schedule too: never costlier than static provisioning, which meets the target.
     assert result["oracle"]["slot_seconds"] <= result["static_slot_seconds"]
     assert result["oracle"]["feasible"]
     for run in result["runs"]:
         assert run["vs_oracle_pct"] == pytest.approx(100 * run["slot_seconds"] / result["oracle"]["slot_seconds"],
                                                      abs=0.1)
-    assert set(result["timelines"]) == {"static", "ours", "ds2", "oracle"}
+    assert set(result["timelines"]) == {"static", "default", "ds2", "oracle"}
 
 
 def test_the_command_prints_a_table_and_writes_json_and_plots(tmp_path: Path) -> None:
     out = tmp_path / "evaluate.json"
-    result = CliRunner().invoke(bench_app, ["--policy", "ours", "--policy", "threshold", "--trace", "spikes",
+    result = CliRunner().invoke(evaluate_app, ["--policy", "default", "--policy", "threshold", "--trace", "spikes",
                                             "--hours", "0.5", "--workers", "1", "--json-out", str(out)])
     assert result.exit_code == 0, result.output
     assert "spikes" in result.output and "threshold" in result.output
     data = json.loads(out.read_text())
-    assert [r["policy"] for r in data["results"][0]["runs"]] == ["ours", "threshold"]
+    assert [r["policy"] for r in data["results"][0]["runs"]] == ["default", "threshold"]
     assert (tmp_path / "evaluate" / "spikes.png").stat().st_size > 10_000
-    assert "| ours |" in (tmp_path / "evaluate.md").read_text()
+    assert "| default |" in (tmp_path / "evaluate.md").read_text()
 
 
 def test_the_command_refuses_an_unknown_policy(tmp_path: Path) -> None:
-    result = CliRunner().invoke(bench_app, ["--policy", "magic", "--json-out", str(tmp_path / "x.json")])
+    result = CliRunner().invoke(evaluate_app, ["--policy", "magic", "--json-out", str(tmp_path / "x.json")])
     assert result.exit_code != 0
     assert "unknown policy" in result.output
 
@@ -81,7 +84,7 @@ def test_the_command_refuses_an_unknown_policy(tmp_path: Path) -> None:
 def test_noise_is_reproducible() -> None:
     trace = load_trace("spikes", hours=0.5)
     config = eval_config(EvalSettings())
-    runs = [simulate(trace, demo_model(), StaticPolicy(), config, 4, 60.0, seed=3) for _ in range(2)]
+    runs = [simulate(trace, demo_model(), static(EvalSettings()), config, 4, 60.0, seed=3) for _ in range(2)]
     assert np.array_equal(runs[0].timeline.backlog, runs[1].timeline.backlog)
 
 

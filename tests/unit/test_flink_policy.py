@@ -1,4 +1,4 @@
-"""The Flink-Kubernetes-Operator-style baseline (evaluation/flink_policy.py): each rule, and its bounds."""
+"""The Flink-Kubernetes-Operator-style baseline (plan/policies/flink.py): each rule, and its bounds."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contracts.jobs import JobConfig
 from contracts.messages import Analysis
-from evaluation.flink_policy import FlinkStylePolicy, align_to_partitions
-from evaluation.ticks import EPOCH, SimConfig, make_workload, simulate
+from evaluation.jobmodel import EPOCH, JobModel, Operator
+from evaluation.simulator import PolicyRunner, simulate
+from evaluation.traces import Trace
+from plan.policies.flink import FlinkMemory, FlinkPolicy, align_to_partitions
 
 WINDOW_S = 10.0
 
@@ -31,7 +34,34 @@ def window(
     return Analysis.model_validate(fields | extra)
 
 
-def run(policy: FlinkStylePolicy, start: float, end: float, **window_fields: object) -> dict[float, int | None]:
+class Flink:
+    """The policy through the planner step as the plan agent and the simulator drive it."""
+
+    def __init__(self, min_parallelism: int = 1, max_parallelism: int = 200, **parameters: Any) -> None:
+        self.policy = FlinkPolicy(**parameters)
+        self.runner = PolicyRunner(self.policy, JobConfig(min_parallelism=min_parallelism,
+                                                          max_parallelism=max_parallelism))
+        self.reasons = self.runner.reasons
+        self.max_scale_down_factor = self.policy.max_scale_down_factor
+
+    def decide(self, analysis: Analysis, *, rescaling: bool) -> int | None:
+        return self.runner.decide(analysis, rescaling=rescaling)
+
+    def on_rescaled(self, to_parallelism: int, downtime_s: float, completed_at: float) -> None:
+        self.runner.on_rescaled(1, to_parallelism, downtime_s, completed_at)
+
+    def expected_restart_time_s(self) -> float:
+        return self.policy.expected_restart_time_s(self.runner.state)
+
+    def target_capacity(self, arrival_rate: float, backlog: float, utilization: float, restart_time_s: float) -> float:
+        return self.policy.target_capacity(arrival_rate, backlog, utilization, restart_time_s)
+
+    @property
+    def scale_down_first_trigger(self) -> float | None:
+        return FlinkMemory.model_validate(self.runner.state.policy_state).scale_down_first_trigger
+
+
+def run(policy: Flink, start: float, end: float, **window_fields: object) -> dict[float, int | None]:
     """Feed one window every WINDOW_S from `start` to `end` (simulated seconds); the answers by time."""
     answers: dict[float, int | None] = {}
     t = start
@@ -41,12 +71,12 @@ def run(policy: FlinkStylePolicy, start: float, end: float, **window_fields: obj
     return answers
 
 
-def compressed(**overrides: Any) -> FlinkStylePolicy:
+def compressed(**overrides: Any) -> Flink:
     """Short durations for unit tests; alignment and the scale-down interval off unless asked."""
     short: dict[str, Any] = {
         "metrics_window_s": 60.0, "stabilization_s": 0.0, "scale_down_interval_s": 0.0, "align_to_partitions": False,
     }
-    return FlinkStylePolicy(**(short | overrides))
+    return Flink(**(short | overrides))
 
 
 def first_decision(answers: dict[float, int | None]) -> tuple[float, int] | None:
@@ -232,18 +262,29 @@ def test_holds_while_rescaling_and_on_invalid_windows() -> None:
     assert policy.decide(saturated, rescaling=False) == 5
 
 
+def test_its_memory_lives_in_the_plan_state_so_a_new_worker_continues() -> None:
+    policy = compressed(metrics_window_s=60.0)
+    run(policy, 10, 40)
+    successor = compressed(metrics_window_s=60.0)
+    successor.runner.state = policy.runner.state  # as a restarted plan agent reads it from knowledge
+    assert first_decision(run(successor, 50, 70)) == (70, 5)
+
+
 def test_in_the_simulator_it_catches_up_then_settles_after_the_scale_down_interval() -> None:
-    # 1000 rec/s on 4 slots of 100 rec/s: after stabilization and a full window (100 s) the target is
-    # about 1700 rec/s (backlog, restart and arrivals at 70 %) -> 17 slots, aligned to 32 of the 64
+    # 1000 rec/s on 4 slots of 100 rec/s: after stabilization and a full window the target is about
+    # 1700 rec/s (backlog, restart and arrivals at 70 %) -> 17 slots, aligned to 32 of the 64
     # partitions; 600 s of scale-down recommendations later it settles at 16 (1000 / 0.7 -> 15 -> 16).
-    policy = FlinkStylePolicy(
-        metrics_window_s=60.0, stabilization_s=30.0, catch_up_duration_s=300.0, restart_time_s=20.0,
-        scale_down_interval_s=600.0,
-    )
-    result = simulate(make_workload(np.full(1800, 1000.0), 100.0), policy, SimConfig(initial_parallelism=4))
-    assert [(r.at_s, r.to_parallelism) for r in result.rescales] == [(100.0, 32), (810.0, 16)]
-    assert result.metrics.ignored_decisions == 0 and result.metrics.final_backlog == 0
-    assert policy.reasons["rescale_in_progress"] == 2
+    policy = Flink(metrics_window_s=60.0, stabilization_s=30.0, catch_up_duration_s=300.0, restart_time_s=20.0,
+                   scale_down_interval_s=600.0)
+    job = JobModel((Operator("job", 100.0),), partitions=64, checkpoint_interval_s=0.0, downtime_up_s=20.0,
+                   downtime_down_s=20.0)
+    load = Trace("constant", np.full(180, 1000.0), 10.0, "1000 rec/s")
+    result = simulate(load, job, policy.runner, policy.runner.config, 4, 60.0, rate_noise=0.0)
+    changes = [(t, p) for t, p, before in zip(result.timeline.t[1:], result.timeline.parallelism[1:],
+                                               result.timeline.parallelism[:-1], strict=True) if p != before]
+    assert [p for _, p in changes] == [32, 16]
+    assert 600 <= changes[1][0] - changes[0][0] <= 700  # the scale-down interval, then the window
+    assert result.ignored_decisions == 0 and result.final_backlog == 0
 
 
 def analyses() -> st.SearchStrategy[tuple[Analysis, bool]]:
@@ -263,7 +304,7 @@ def analyses() -> st.SearchStrategy[tuple[Analysis, bool]]:
 def test_answers_stay_within_bounds_and_hold_while_rescaling(
     steps: list[tuple[Analysis, bool]], min_p: int, max_p: int, interval: float, stabilization: float, align: bool,
 ) -> None:
-    policy = FlinkStylePolicy(
+    policy = Flink(
         metrics_window_s=30.0, stabilization_s=stabilization, scale_down_interval_s=interval,
         align_to_partitions=align, min_parallelism=min_p, max_parallelism=max_p,
     )

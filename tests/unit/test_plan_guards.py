@@ -6,7 +6,9 @@ from typing import Any
 
 from contracts.jobs import JobConfig
 from contracts.messages import Action
-from plan.controls import guarded_plan
+from contracts.plan_state import PlanState
+from plan.policies.default import DefaultPolicy
+from plan.step import decide
 from tests.unit.test_ds2 import analysis
 
 CONFIG = JobConfig(
@@ -15,9 +17,13 @@ CONFIG = JobConfig(
 )
 
 
-def run(state: dict[str, Any], rescaling: bool = False, config: JobConfig = CONFIG, **overrides: Any):  # type: ignore[no-untyped-def]
-    plan, updates = guarded_plan(analysis(**overrides), config, state, rescaling)
-    return plan, {**state, **updates}
+def run(state: PlanState | dict[str, Any], rescaling: bool = False, config: JobConfig = CONFIG,
+        **overrides: Any):  # type: ignore[no-untyped-def]
+    """One window through the planner step with the default policy; the plan and the new state."""
+    current = state if isinstance(state, PlanState) else PlanState().updated(state)
+    new, plan = decide(current.model_copy(update={"rescaling": rescaling}), analysis(**overrides), config,
+                       DefaultPolicy())
+    return plan, new
 
 
 def test_first_window_at_a_new_parallelism_is_ignored_including_the_job_start() -> None:
@@ -40,12 +46,12 @@ def test_windows_from_before_a_rescale_are_dropped_within_a_budget() -> None:
     assert plan.reason.code == "stale_window"
     # Budget spent: the job evidently runs at 1 (restarted by other means); decide again.
     plan, state = run(state, parallelism=1)
-    assert plan.reason.code == "ds2_optimal" and state["expected_parallelism"] is None
+    assert plan.reason.code == "ds2_optimal" and state.expected_parallelism is None
 
 
 def test_reaching_the_expected_parallelism_clears_the_expectation() -> None:
     plan, state = run({"expected_parallelism": 5, "stale_budget": 3}, parallelism=5)
-    assert plan.reason.code == "stabilizing" and state["expected_parallelism"] is None
+    assert plan.reason.code == "stabilizing" and state.expected_parallelism is None
 
 
 def test_no_scale_down_while_the_backlog_drains() -> None:

@@ -10,12 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analyze.forecast import ForecastState, abandon_retrain
-from analyze.proactive import Learned, learn, new_learned
+from analyze.proactive import Learned, learn, new_learned, scaling_curve
 from analyze.true_rates import analyze_window
-from contracts.jobs import JobConfig, Policy
+from contracts.jobs import JobConfig
 from contracts.messages import Action, Analysis, CapacityView, ForecastView, MetricWindow, RecoveryView, SourceWindow
-from plan.controls import guarded_plan
+from contracts.plan_state import Downtimes, PlanState
+from plan.policies.daedalus import DaedalusPolicy
+from plan.policies.default import DefaultPolicy
+from plan.policies.hybrid import HybridPolicy
+from plan.policy import Plan
 from plan.proactive import plan_proactive, predicted_recovery_s, recovery_notice, regression_capacity
+from plan.registry import policy_class
+from plan.step import decide
 from tests.unit.test_ds2 import analysis
 from tests.unit.test_monitor import fold, report
 
@@ -120,9 +126,17 @@ def test_a_rescale_starts_a_recovery_that_ends_at_the_sustained_return_to_normal
 def proactive_analysis(forecast: list[float], observed: dict[str, float], **fields: Any) -> Analysis:
     return analysis(**{
         "parallelism": 2, "arrival_rate": forecast[0], "backlog": 0,
-        "capacity": CapacityView(observed=observed, current=observed.get("2"), source="regression"),
+        "capacity": CapacityView(observed=observed, current=observed.get("2"), source="regression",
+                                 curve=scaling_curve(observed)),
         "forecast": ForecastView(values=forecast, start=110.0, step_s=10.0, method="arima"),
     } | fields)
+
+
+def proactive(a: Analysis, config: JobConfig, since_last_rescale_s: float | None = None,
+              policy: DaedalusPolicy | None = None) -> tuple[Plan | None, str]:
+    """Daedalus's choice (or hybrid's, with `policy`) for the analysis, nothing measured yet."""
+    chosen = policy or DaedalusPolicy()
+    return plan_proactive(a, config, Downtimes(), since_last_rescale_s, chosen.capacity(a), chosen.name)
 
 
 def cfg(**overrides: Any) -> JobConfig:
@@ -135,7 +149,7 @@ def cfg(**overrides: Any) -> JobConfig:
 def test_daedalus_scales_out_before_a_forecast_rise_reaches_the_current_capacity() -> None:
     # 200 rec/s per slot (power law through 1 and 2 slots), the arrival rate ramps 300 -> 900 rec/s.
     ramp = [300.0 + 600.0 * i / 89 for i in range(90)]
-    plan, why = plan_proactive(proactive_analysis(ramp, {"1": 200.0, "2": 400.0}), cfg(), {}, None)
+    plan, why = proactive(proactive_analysis(ramp, {"1": 200.0, "2": 400.0}), cfg())
     assert plan is not None, why
     # Now 2 slots (400 rec/s) keep up, but the forecast peak needs 5 (1000 rec/s > 900).
     assert plan.action is Action.SCALE_UP and plan.to_parallelism == 5
@@ -144,7 +158,7 @@ def test_daedalus_scales_out_before_a_forecast_rise_reaches_the_current_capacity
 
 def test_daedalus_holds_a_recent_rescale_that_still_carries_the_load() -> None:
     flat = [300.0] * 90
-    plan, _ = plan_proactive(proactive_analysis(flat, {"2": 400.0}), cfg(), {}, since_last_rescale_s=30)
+    plan, _ = proactive(proactive_analysis(flat, {"2": 400.0}), cfg(), since_last_rescale_s=30)
     assert plan is not None and plan.action is Action.NONE and plan.reason.code == "daedalus_recent_rescale_holds"
 
 
@@ -152,8 +166,8 @@ def test_hybrid_uses_ds2_true_rates_when_busy_time_is_reported() -> None:
     flat = [300.0] * 90
     a = proactive_analysis(flat, {"2": 1000.0}, true_processing_rate=100.0)
     a = a.model_copy(update={"capacity": a.capacity.model_copy(update={"source": "ds2"})})
-    daedalus, _ = plan_proactive(a, cfg(), {}, None)
-    hybrid, _ = plan_proactive(a, cfg(policy="hybrid"), {}, None)
+    daedalus, _ = proactive(a, cfg())
+    hybrid, _ = proactive(a, cfg(policy="hybrid"), policy=HybridPolicy())
     assert daedalus is not None and hybrid is not None
     # The regression says 2 slots carry 1000 rec/s (scale in to 1); DS2 says 100 per slot: 4 slots.
     assert daedalus.to_parallelism == 1 and hybrid.to_parallelism == 4
@@ -161,33 +175,35 @@ def test_hybrid_uses_ds2_true_rates_when_busy_time_is_reported() -> None:
 
 def test_without_a_forecast_or_capacity_a_proactive_policy_falls_back_to_ds2_and_says_so() -> None:
     a = analysis(arrival_rate=350.0)  # no forecast, no capacity
-    plan, why = plan_proactive(a, cfg(), {}, None)
+    plan, why = proactive(a, cfg())
     assert plan is None and "forecast" in why
-    guarded, _ = guarded_plan(a, cfg(restart_time_s=0), {}, False)
+    _, guarded = decide(PlanState(), a, cfg(restart_time_s=0), DaedalusPolicy())
     assert guarded.to_parallelism == 5 and "daedalus cannot decide yet" in guarded.reason.message
 
 
 def test_every_rescale_carries_its_predicted_recovery_and_the_recovery_is_compared() -> None:
     ramp = [300.0 + 600.0 * i / 89 for i in range(90)]
-    plan, updates = guarded_plan(proactive_analysis(ramp, {"1": 200.0, "2": 400.0}), cfg(), {}, False)
+    state, plan = decide(PlanState(), proactive_analysis(ramp, {"1": 200.0, "2": 400.0}), cfg(), DaedalusPolicy())
     predicted = plan.reason.numbers["predicted_recovery_s"]
     assert plan.action is Action.SCALE_UP and predicted is not None and predicted > 20  # downtime included
-    assert updates["pending_recovery"]["to"] == plan.to_parallelism
+    assert state.pending_recovery is not None and state.pending_recovery.to == plan.to_parallelism
     observed = RecoveryView(started_at=100.0, observed_s=predicted + 7, judge="statistical", from_parallelism=2,
                             to_parallelism=plan.to_parallelism)
-    notice = recovery_notice(observed, updates["pending_recovery"])
+    notice = recovery_notice(observed, state.pending_recovery)
     assert notice.code == "recovered" and notice.numbers["error_s"] == pytest.approx(7, abs=0.01)
     # A recovery from another rescale than the predicted one is not compared.
     other = observed.model_copy(update={"to_parallelism": 3})
-    assert recovery_notice(other, updates["pending_recovery"]).numbers["predicted_s"] is None
+    assert recovery_notice(other, state.pending_recovery).numbers["predicted_s"] is None
 
 
 def test_ds2_rescales_are_predicted_with_ds2_capacity_and_a_flat_forecast() -> None:
     # 5 slots x 100 rec/s = 500 rec/s, 150 spare over 350 arriving; 20 s down: 7,000 records, over
     # once 10 s of arrivals (3,500, the detector's tolerance) are left -> 20 + 23.3 s.
-    value = predicted_recovery_s(analysis(), cfg(policy="ds2"), 5, {})
+    a, ds2 = analysis(), DefaultPolicy()
+    value = predicted_recovery_s(a, cfg(policy="default"), 5, Downtimes(), ds2.capacity_of(a, cfg()))
     assert value == pytest.approx(20 + (350 * 20 - 3500) / 150, rel=1e-6)
-    assert predicted_recovery_s(analysis(), cfg(policy="ds2", backlog_tolerance_s=0), 5, {}) == pytest.approx(
+    no_tolerance = cfg(policy="default", backlog_tolerance_s=0)
+    assert predicted_recovery_s(a, no_tolerance, 5, Downtimes(), ds2.capacity_of(a, no_tolerance)) == pytest.approx(
         20 + 350 * 20 / 150, rel=1e-6)
 
 
@@ -196,7 +212,8 @@ def test_ds2_rescales_are_predicted_with_ds2_capacity_and_a_flat_forecast() -> N
 def test_regression_capacity_returns_what_was_observed_and_is_positive_elsewhere(
     observed: dict[int, float], p: int
 ) -> None:
-    capacity_of = regression_capacity({str(k): v for k, v in observed.items()})
+    points = {str(k): v for k, v in sorted(observed.items())}
+    capacity_of = regression_capacity(CapacityView(observed=points, curve=scaling_curve(points)))
     assert capacity_of is not None
     value = capacity_of(p)
     assert value == observed[p] if p in observed else value > 0
@@ -206,4 +223,4 @@ def test_a_refit_lost_with_its_worker_is_requested_again() -> None:
     state = ForecastState(retrain_outstanding=True, retrain_id=3)
     again = abandon_retrain(state)
     assert not again.retrain_outstanding and again.retrain_id == 3
-    assert Policy("hybrid").proactive and not Policy("ds2").proactive
+    assert policy_class("hybrid").needs_forecast and not policy_class("default").needs_forecast

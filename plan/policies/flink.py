@@ -1,18 +1,24 @@
-"""A baseline that behaves like the Apache Flink Kubernetes Operator autoscaler (FLIP-271 as shipped).
+"""`flink`: a baseline that behaves like the Apache Flink Kubernetes Operator autoscaler (FLIP-271 as shipped).
 
-Pure: no I/O. It implements `evaluation.ticks.Policy` for one job-wide parallelism (our jobs have a
-single scalable stage, which Flink would see as one source vertex). See `FlinkStylePolicy`.
+One job-wide parallelism (our jobs have a single scalable stage, which Flink would see as one
+source vertex). See `FlinkPolicy` for the rules and their defaults; every duration is a parameter
+in seconds of metric time so that compressed traces can shrink them.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
-from contracts.messages import Analysis
+from pydantic import BaseModel, Field
 
-# Ceilings ignore floating-point noise (4.0000000001 slots is 4 slots), as in evaluation.ticks.
+from contracts.jobs import JobConfig
+from contracts.messages import Analysis, DecisionReason
+from contracts.plan_state import PlanState
+from plan.policy import Plan, direction, hold
+
+# Ceilings ignore floating-point noise (4.0000000001 slots is 4 slots).
 EPSILON = 1e-9
 # Observed restart times kept when restart-time tracking is on (job.autoscaler.history.max.count).
 RESTART_SAMPLES = 3
@@ -50,17 +56,51 @@ def align_to_partitions(new_parallelism: int, current: int, partitions: int, upp
     return candidate
 
 
-@dataclass
-class FlinkStylePolicy:
+class FlinkSample(BaseModel):
+    """What the policy keeps of one window in its metrics history."""
+
+    window_end: float
+    parallelism: int
+    utilization: float
+    true_processing_rate: float
+    arrival_rate: float  # the source's, or Flink's input rate plus lag growth without one
+    observed_processing_rate: float
+
+
+class FlinkMemory(BaseModel):
+    """The metrics history since the job (re)started, and the pending scale-down."""
+
+    seen_rescale_at: float | None = None
+    running_since: float | None = None
+    first_sample_at: float | None = None
+    samples: list[FlinkSample] = Field(default_factory=list)
+    scale_down_first_trigger: float | None = None
+    # (trigger time, recommended parallelism), parallelism strictly decreasing: the first is the max.
+    scale_down_recommendations: list[tuple[float, int]] = Field(default_factory=list)
+
+    def restart_history(self, running_since: float) -> None:
+        self.running_since = running_since
+        self.first_sample_at = None
+        self.samples.clear()
+        self.cancel_scale_down()
+
+    def cancel_scale_down(self) -> None:
+        self.scale_down_first_trigger = None
+        self.scale_down_recommendations.clear()
+
+
+@dataclass(frozen=True)
+class FlinkPolicy:
     """The Flink Kubernetes Operator's job autoscaler, job-wide, with its documented defaults.
 
     Option names are Flink's (`job.autoscaler.*`); every duration is a parameter in seconds of metric
     time so that compressed traces can shrink them. The rules, in the order Flink applies them:
 
-    1. Hold while a rescale is in progress or when the window is invalid (nothing to measure).
+    1. Hold while a rescale is in progress (the planner step) or when the window is invalid.
     2. Stabilization (`stabilization.interval`, 300 s): no metrics are collected until this long
        after the job (re)started, so start-up transients and catch-up after a restart are ignored.
-       The start is `on_rescaled`'s `completed_at`, or the first analysis seen for a fresh policy.
+       The start is when the last rescale ended (the plan state's `last_rescale_at`), or the first
+       analysis seen for a fresh job.
     3. Metrics window (`metrics.window`, 900 s): no decision until the window is full, i.e. this
        long after the first sample collected after stabilization; then rates are averaged over the
        analyses of the last `metrics_window_s`. A rescale (or a parallelism change) clears the
@@ -71,13 +111,14 @@ class FlinkStylePolicy:
     5. Target capacity = backlog / `catch-up.duration` (1800 s: drain the backlog within it)
        + arrival x `restart.time` / catch-up duration (300 s: also drain what piles up while the
        job restarts) + arrival / `target.utilization` (0.7: headroom for load spikes).
-       Restart-time tracking (`restart.time-tracking.enabled`, off) would use the largest of the
-       last 3 observed downtimes, capped at `restart.time-tracking.limit` (900 s).
+       Restart-time tracking (`restart.time-tracking.enabled`, off) uses the largest of the last
+       3 observed downtimes of each direction (the plan state keeps them per direction), capped at
+       `restart.time-tracking.limit` (900 s).
     6. Scale factor = target capacity / true processing rate, bounded to
        [1 - `scale-down.max-factor` (0.6), 1 + `scale-up.max-factor` (100000)], so one step removes
        at most 60 % of the slots (a scale-down is the riskier guess) while a scale-up is unbounded.
-       New parallelism = ceil(factor x p), bounded to [min(p, `vertex.min-parallelism` 1),
-       max(p, `vertex.max-parallelism` 200)] and, for a source that cannot split a partition
+       New parallelism = ceil(factor x p), bounded to [min(p, the job's `min_parallelism`),
+       max(p, the job's `max_parallelism`)] and, for a source that cannot split a partition
        (`splittable` false), to its partition count (idle readers are useless).
     7. Alignment (`align_to_partitions`, on; Flink's EVENLY_SPREAD mode, default): with a known
        partition count, pick a divisor of it (see `align_to_partitions`) so load spreads evenly. A
@@ -100,7 +141,9 @@ class FlinkStylePolicy:
     quotas and excluded periods.
     """
 
-    name: str = "flink"
+    name: ClassVar[str] = "flink"
+    summary: ClassVar[str] = "Flink Kubernetes Operator autoscaler (FLIP-271) with its shipped defaults"
+    needs_forecast: ClassVar[bool] = False
     target_utilization: float = 0.7
     utilization_boundary: float = 0.3
     metrics_window_s: float = 900.0
@@ -113,18 +156,7 @@ class FlinkStylePolicy:
     scale_down_interval_s: float = 3600.0
     max_scale_down_factor: float = 0.6
     max_scale_up_factor: float = 100000.0
-    min_parallelism: int = 1
-    max_parallelism: int = 200
     align_to_partitions: bool = True
-    reasons: Counter[str] = field(default_factory=Counter)
-    # State: the metrics history since the job (re)started, and the pending scale-down.
-    running_since: float | None = field(default=None, init=False)
-    first_sample_at: float | None = field(default=None, init=False)
-    samples: deque[Analysis] = field(default_factory=deque, init=False, repr=False)
-    scale_down_first_trigger: float | None = field(default=None, init=False)
-    # (trigger time, recommended parallelism), parallelism strictly decreasing: the head is the max.
-    scale_down_recommendations: deque[tuple[float, int]] = field(default_factory=deque, init=False, repr=False)
-    downtimes: list[float] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.target_utilization <= 1 or self.utilization_boundary < 0:
@@ -135,41 +167,50 @@ class FlinkStylePolicy:
             raise ValueError("metrics_window_s must be positive and the other durations non-negative")
         if not 0 <= self.max_scale_down_factor <= 1 or self.max_scale_up_factor < 0:
             raise ValueError("max_scale_down_factor must be in [0, 1] and max_scale_up_factor >= 0")
-        if not 1 <= self.min_parallelism <= self.max_parallelism:
-            raise ValueError("need 1 <= min_parallelism <= max_parallelism")
 
-    # ---------------------------------------------------------------- the Policy protocol
+    # ---------------------------------------------------------------- the policy protocol
 
-    def decide(self, analysis: Analysis, *, rescaling: bool) -> int | None:
-        if rescaling:
-            return self._hold("rescale_in_progress")
+    def decide(self, state: PlanState, analysis: Analysis, config: JobConfig) -> tuple[PlanState, Plan]:
+        memory = FlinkMemory.model_validate(state.policy_state)
+        if state.last_rescale_at is not None and state.last_rescale_at != memory.seen_rescale_at:
+            memory.seen_rescale_at = state.last_rescale_at
+            memory.restart_history(state.last_rescale_at)  # Flink clears its history when the job restarts
+        plan = self._decide(memory, analysis, state, config)
+        return state.updated({"policy_state": memory.model_dump()}), plan
+
+    def planned_capacity(self, analysis: Analysis, config: JobConfig) -> float | None:
+        rate = analysis.true_processing_rate
+        return rate * analysis.parallelism if analysis.valid and rate > 0 else None
+
+    def _decide(self, memory: FlinkMemory, analysis: Analysis, state: PlanState, config: JobConfig) -> Plan:
         if not analysis.valid:
-            return self._hold("invalid_window")
+            return self._hold(analysis, "invalid_window")
         now = analysis.window_end
-        if self.samples and self.samples[-1].parallelism != analysis.parallelism:
-            self._restart_history(now)  # the job changed under us: Flink clears its history too
-        if self.running_since is None:
-            self.running_since = now
-        if now < self.running_since + self.stabilization_s - EPSILON:
-            return self._hold("stabilization")
-        if self.first_sample_at is None:
-            self.first_sample_at = now
-        self.samples.append(analysis)
-        if now - self.first_sample_at < self.metrics_window_s - EPSILON:
-            return self._hold("metrics_window_not_full")
-        while self.samples[0].window_end <= now - self.metrics_window_s + EPSILON:
-            self.samples.popleft()
-        return self._evaluate(analysis)
-
-    def on_rescaled(self, to_parallelism: int, downtime_s: float, completed_at: float) -> None:
-        self._restart_history(completed_at)
-        self.downtimes.append(downtime_s)
+        if memory.samples and memory.samples[-1].parallelism != analysis.parallelism:
+            memory.restart_history(now)  # the job changed under us: Flink clears its history too
+        if memory.running_since is None:
+            memory.running_since = now
+        if now < memory.running_since + self.stabilization_s - EPSILON:
+            return self._hold(analysis, "stabilization")
+        if memory.first_sample_at is None:
+            memory.first_sample_at = now
+        memory.samples.append(FlinkSample(
+            window_end=now, parallelism=analysis.parallelism, utilization=analysis.utilization,
+            true_processing_rate=analysis.true_processing_rate, arrival_rate=self._arrival_rate(analysis),
+            observed_processing_rate=analysis.observed_processing_rate,
+        ))
+        if now - memory.first_sample_at < self.metrics_window_s - EPSILON:
+            return self._hold(analysis, "metrics_window_not_full")
+        while memory.samples[0].window_end <= now - self.metrics_window_s + EPSILON:
+            memory.samples.pop(0)
+        return self._evaluate(memory, analysis, state, config)
 
     # ---------------------------------------------------------------- the rules
 
-    def expected_restart_time_s(self) -> float:
-        if self.track_restart_time and self.downtimes:
-            return min(max(self.downtimes[-RESTART_SAMPLES:]), self.restart_time_limit_s)
+    def expected_restart_time_s(self, state: PlanState) -> float:
+        measured = [*state.downtimes.up[-RESTART_SAMPLES:], *state.downtimes.down[-RESTART_SAMPLES:]]
+        if self.track_restart_time and measured:
+            return min(max(measured), self.restart_time_limit_s)
         return self.restart_time_s
 
     def target_capacity(self, arrival_rate: float, backlog: float, utilization: float, restart_time_s: float) -> float:
@@ -182,38 +223,42 @@ class FlinkStylePolicy:
         restart_rate = arrival_rate * restart_time_s / catch_up if catch_up > 0 else 0.0
         return java_round(backlog_rate + restart_rate + arrival_rate / utilization)
 
-    def _evaluate(self, analysis: Analysis) -> int | None:
+    def _evaluate(self, memory: FlinkMemory, analysis: Analysis, state: PlanState, config: JobConfig) -> Plan:
         now, current = analysis.window_end, analysis.parallelism
-        per_slot_rate = self._average_true_processing_rate()
+        per_slot_rate = self._average_true_processing_rate(memory.samples)
         if not per_slot_rate > 0:
-            return self._hold("no_true_processing_rate")
+            return self._hold(analysis, "no_true_processing_rate")
         capacity = per_slot_rate * current
-        arrival_rate = sum(self._arrival_rate(a) for a in self.samples) / len(self.samples)
-        processed_rate = sum(a.observed_processing_rate for a in self.samples) / len(self.samples)
+        arrival_rate = sum(s.arrival_rate for s in memory.samples) / len(memory.samples)
+        processed_rate = sum(s.observed_processing_rate for s in memory.samples) / len(memory.samples)
         backlog = float(analysis.backlog or 0)
-        restart_time_s = self.expected_restart_time_s()
+        restart_time_s = self.expected_restart_time_s(state)
 
         target = self.target_capacity(arrival_rate, backlog, self.target_utilization, restart_time_s)
-        wanted = self._bounded_parallelism(current, target / capacity, analysis)
+        wanted = self._bounded_parallelism(current, target / capacity, analysis, config)
         if wanted == current:
-            self._cancel_scale_down()
-            return self._hold("no_change")
+            memory.cancel_scale_down()
+            return self._hold(analysis, "no_change")
         if wanted > current:
-            self._cancel_scale_down()
+            memory.cancel_scale_down()
         else:
-            delayed = self._delay_scale_down(now, wanted)
+            delayed = self._delay_scale_down(memory, now, wanted)
             if delayed is None:
-                return self._hold("scale_down_interval")
+                return self._hold(analysis, "scale_down_interval")
             wanted = delayed
         if self._within_utilization_boundary(capacity, arrival_rate, backlog, processed_rate, restart_time_s):
-            return self._hold("within_utilization_boundary")
-        self.reasons["scale_up" if wanted > current else "scale_down"] += 1
-        return wanted
+            return self._hold(analysis, "within_utilization_boundary")
+        action = direction(current, wanted)
+        numbers = {"target_capacity": target, "capacity": round(capacity, 3), "arrival_rate": round(arrival_rate, 3),
+                   "restart_time_s": restart_time_s}
+        message = f"target capacity {target:.0f} rec/s over {capacity:.1f} at {current} -> {wanted}"
+        reason = DecisionReason(code=action.value, rule=self.name, numbers=numbers, message=message)
+        return Plan(action, wanted, reason, recommended=wanted)
 
-    def _bounded_parallelism(self, current: int, scale_factor: float, analysis: Analysis) -> int:
+    def _bounded_parallelism(self, current: int, scale_factor: float, analysis: Analysis, config: JobConfig) -> int:
         scale_factor = min(max(scale_factor, 1 - self.max_scale_down_factor), 1 + self.max_scale_up_factor)
-        lower = min(current, self.min_parallelism)
-        upper = max(current, self.max_parallelism)
+        lower = min(current, config.min_parallelism)
+        upper = max(current, config.max_parallelism)
         partitions = analysis.partitions
         if partitions is not None and not analysis.splittable:
             upper = min(upper, partitions)
@@ -224,22 +269,22 @@ class FlinkStylePolicy:
             return wanted
         return align_to_partitions(wanted, current, partitions, upper, lower)
 
-    def _delay_scale_down(self, now: float, wanted: int) -> int | None:
+    def _delay_scale_down(self, memory: FlinkMemory, now: float, wanted: int) -> int | None:
         """Record a scale-down recommendation; the parallelism to scale down to once the interval
         has passed since the first one (the largest recommended within it), else None."""
         if self.scale_down_interval_s <= 0:
             return wanted
-        if self.scale_down_first_trigger is None:
-            self.scale_down_first_trigger = now
-        recommendations = self.scale_down_recommendations
+        if memory.scale_down_first_trigger is None:
+            memory.scale_down_first_trigger = now
+        recommendations = memory.scale_down_recommendations
         while recommendations and recommendations[-1][1] <= wanted:
             recommendations.pop()
         recommendations.append((now, wanted))
-        if now - self.scale_down_first_trigger < self.scale_down_interval_s - EPSILON:
+        if now - memory.scale_down_first_trigger < self.scale_down_interval_s - EPSILON:
             return None
         window_start = now - self.scale_down_interval_s
         while recommendations[0][0] < window_start - EPSILON:
-            recommendations.popleft()
+            recommendations.pop(0)
         return recommendations[0][1]
 
     def _within_utilization_boundary(
@@ -259,12 +304,13 @@ class FlinkStylePolicy:
             return backlog / processed_rate > self.backlog_lag_threshold_s
         return backlog > 0  # Java: lag / 0.0 is +inf when there is a backlog, NaN (false) when not
 
-    def _average_true_processing_rate(self) -> float:
-        busy = [a.utilization * a.parallelism for a in self.samples]
+    @staticmethod
+    def _average_true_processing_rate(samples: list[FlinkSample]) -> float:
+        busy = [s.utilization * s.parallelism for s in samples]
         total_busy = sum(busy)
         if total_busy > 0:
-            return sum(a.true_processing_rate * b for a, b in zip(self.samples, busy, strict=True)) / total_busy
-        return sum(a.true_processing_rate for a in self.samples) / len(self.samples)
+            return sum(s.true_processing_rate * b for s, b in zip(samples, busy, strict=True)) / total_busy
+        return sum(s.true_processing_rate for s in samples) / len(samples)
 
     @staticmethod
     def _arrival_rate(analysis: Analysis) -> float:
@@ -273,16 +319,5 @@ class FlinkStylePolicy:
         # Without a source arrival rate Flink uses its input rate plus the lag growth rate.
         return max(0.0, analysis.observed_processing_rate + (analysis.backlog_growth_rate or 0.0))
 
-    def _restart_history(self, running_since: float) -> None:
-        self.running_since = running_since
-        self.first_sample_at = None
-        self.samples.clear()
-        self._cancel_scale_down()
-
-    def _cancel_scale_down(self) -> None:
-        self.scale_down_first_trigger = None
-        self.scale_down_recommendations.clear()
-
-    def _hold(self, reason: str) -> None:
-        self.reasons[reason] += 1
-        return None
+    def _hold(self, analysis: Analysis, code: str) -> Plan:
+        return hold(analysis.parallelism, code, code.replace("_", " "), rule=self.name)

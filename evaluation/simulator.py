@@ -1,0 +1,199 @@
+"""The one simulator: a trace replayed into the job model under a policy, one metric window at a time.
+
+Each window, the job model (`evaluation.jobmodel`) sends the `MetricReport`s the Spark reporter
+would send (two per window); they go through the monitor's window folding (`monitor.windows`),
+analyze's true rates (`analyze.true_rates`) and, for policies that plan with a forecast, analyze's
+capacity model and recovery detector (`analyze.proactive`) with the arrival-rate forecasts
+analyze would publish (`evaluation.forecasts`). The policy then plans through the same planner
+step as the plan agent (`plan.step.decide`) on a plan state kept in memory, and a rescale it asks
+for restarts the model, paying its downtime and the replay since the last checkpoint, while the
+policy is told it is rescaling (one rescale at a time, as execute's lock enforces). When the
+restart ends, the plan state records it as execute does (`PlanState.after_rescale`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from analyze.proactive import learn, new_learned
+from analyze.true_rates import analyze_window
+from contracts.jobs import JobConfig
+from contracts.messages import Action, Analysis
+from contracts.plan_state import PlanState
+from evaluation.forecasts import ForecastStream
+from evaluation.jobmodel import DEMO_RATE_NOISE, EPOCH, JobModel, JobState, advance, report, rescale
+from evaluation.traces import Trace
+from monitor.windows import add_report, close_window
+from plan.policy import ScalingPolicy
+from plan.step import decide
+
+WINDOW_S = 10.0  # the agents' default loop interval
+REPORTS_PER_WINDOW = 2  # the reporter's interval is half a window, so the backlog's growth is seen
+EPSILON = 1e-9
+
+
+class PolicyRunner:
+    """A policy driven as the plan agent drives it: the planner step on a plan state kept in memory,
+    and the plan state updated as execute updates it when a rescale ends."""
+
+    def __init__(self, policy: ScalingPolicy, config: JobConfig) -> None:
+        self.policy = policy
+        self.config = config
+        self.name = policy.name
+        self.state = PlanState()
+        self.reasons: Counter[str] = Counter()
+
+    def decide(self, analysis: Analysis, *, rescaling: bool) -> int | None:
+        """The parallelism to rescale to, or None to hold."""
+        self.state, plan = decide(self.state.model_copy(update={"rescaling": rescaling}), analysis, self.config,
+                                  self.policy)
+        self.reasons[plan.reason.code] += 1
+        if plan.action is Action.NONE or plan.to_parallelism == analysis.parallelism:
+            return None
+        return plan.to_parallelism
+
+    def on_rescaled(self, from_parallelism: int, to_parallelism: int, downtime_s: float, completed_at: float) -> None:
+        direction = "up" if to_parallelism > from_parallelism else "down"
+        self.state = self.state.after_rescale(to_parallelism, completed_at, downtime_s, direction)
+
+    def planned_capacity(self, analysis: Analysis) -> float | None:
+        return self.policy.planned_capacity(analysis, self.config)
+
+
+@dataclass
+class Timeline:
+    t: list[float] = field(default_factory=list)
+    arrival: list[float] = field(default_factory=list)
+    capacity: list[float] = field(default_factory=list)
+    parallelism: list[int] = field(default_factory=list)
+    backlog: list[float] = field(default_factory=list)
+
+
+@dataclass
+class PolicyRun:
+    policy: str
+    trace: str
+    slot_seconds: float
+    beyond_target_s: float
+    lag_p95_s: float
+    lag_max_s: float
+    scale_ups: int
+    scale_downs: int
+    ignored_decisions: int
+    final_backlog: float
+    records_arrived: float
+    mean_utilization: float
+    capacity_error_pct: float | None
+    seconds: float
+    timeline: Timeline
+
+    @property
+    def actions(self) -> int:
+        return self.scale_ups + self.scale_downs
+
+    def summary(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k != "timeline"}
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()} | {"actions": self.actions}
+
+
+def static_parallelism(model: JobModel, peak: float, max_parallelism: int) -> int:
+    """The fewest slots whose capacity carries the peak."""
+    for p in range(1, max_parallelism + 1):
+        if model.capacity(p) >= peak:
+            return p
+    return max_parallelism
+
+
+def simulate(
+    trace: Trace,
+    model: JobModel,
+    policy: PolicyRunner,
+    config: JobConfig,
+    initial_parallelism: int,
+    backlog_target_s: float,
+    forecasts: ForecastStream | None = None,
+    seed: int = 0,
+    rate_noise: float = DEMO_RATE_NOISE,
+    job_id: str = "eval",
+) -> PolicyRun:
+    """Replay `trace` into `model` under `policy`, one window at a time (see the module docstring)."""
+    started = time.perf_counter()
+    w = trace.window_s
+    half = w / REPORTS_PER_WINDOW
+    rng = np.random.default_rng(seed)
+    noise = rng.lognormal(-rate_noise**2 / 2, rate_noise, len(trace.rates)) if rate_noise else np.ones(len(trace.rates))
+    state = JobState([initial_parallelism] * (1 if model.fused else len(model.operators)))
+    learned = new_learned(config.anomaly_k, config.backlog_tolerance_s) if forecasts is not None else None
+    recent: deque[Analysis] = deque(maxlen=60)
+    timeline = Timeline()
+    lags: list[float] = []
+    beyond = 0.0
+    ups = downs = ignored = 0
+    capacity_errors: list[float] = []
+    pending_completion: tuple[int, float, float] | None = None  # from parallelism, downtime, end
+    for i, rate in enumerate(trace.rates):
+        start, end = EPOCH + i * w, EPOCH + (i + 1) * w
+        rate = float(rate)
+        window = None
+        for k in range(REPORTS_PER_WINDOW):
+            s = start + k * half
+            outcome = advance(model, state, s, half, rate, float(noise[i]))
+            sent = report(model, state, job_id, s + half, outcome, rate)
+            if sent is not None:
+                window, _ = add_report(window, sent, w)
+        if pending_completion is not None and pending_completion[2] <= end:
+            from_p, downtime, completed_at = pending_completion
+            policy.on_rescaled(from_p, state.job_parallelism, downtime, completed_at)
+            pending_completion = None
+        restarting = pending_completion is not None
+        true_capacity = model.capacity(state.parallelism if not model.fused else state.job_parallelism)
+        lag = state.backlog / rate if rate > 0 else 0.0
+        lags.append(lag)
+        if state.backlog > backlog_target_s * rate + EPSILON:
+            beyond += w
+        timeline.t.append((i + 1) * w)
+        timeline.arrival.append(rate)
+        timeline.capacity.append(true_capacity)
+        timeline.parallelism.append(state.job_parallelism)
+        timeline.backlog.append(state.backlog)
+        if window is None:
+            continue  # the job was down the whole window: no reports, no window, no decision
+        closed = close_window(window, job_id, w).model_copy(update={"closed_at": end})
+        fallback = next((a.model_dump() for a in reversed(recent) if a.valid), None) if closed.records_in == 0 else None
+        analysis = analyze_window(closed, fallback)
+        if learned is not None and forecasts is not None:
+            learned, capacity, recovery = learn(learned, closed, analysis)
+            analysis = analysis.model_copy(update={"capacity": capacity, "forecast": forecasts.at(end),
+                                                   "recovery": recovery})
+        recent.append(analysis)
+        estimate = policy.planned_capacity(analysis)
+        if estimate is not None and not restarting:
+            capacity_errors.append(abs(estimate - true_capacity) / true_capacity)
+        wanted = policy.decide(analysis, rescaling=restarting)
+        if wanted is None or wanted == state.job_parallelism:
+            continue
+        if restarting:
+            ignored += 1  # one rescale at a time, as execute's lock enforces
+            continue
+        if wanted > state.job_parallelism:
+            ups += 1
+        else:
+            downs += 1
+        from_p = state.job_parallelism
+        downtime = rescale(model, state, wanted, end)
+        pending_completion = (from_p, downtime, end + downtime)
+    lag_array = np.asarray(lags)
+    return PolicyRun(
+        policy=policy.name, trace=trace.name, slot_seconds=state.slot_seconds, beyond_target_s=beyond,
+        lag_p95_s=float(np.percentile(lag_array, 95)), lag_max_s=float(lag_array.max()),
+        scale_ups=ups, scale_downs=downs, ignored_decisions=ignored, final_backlog=state.backlog,
+        records_arrived=state.arrived,
+        mean_utilization=state.busy_slot_seconds / state.slot_seconds if state.slot_seconds else 0.0,
+        capacity_error_pct=100 * float(np.mean(capacity_errors)) if capacity_errors else None,
+        seconds=time.perf_counter() - started, timeline=timeline,
+    )

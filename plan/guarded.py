@@ -1,0 +1,181 @@
+"""A policy inside the production controls: the base of the default, daedalus and hybrid policies.
+
+Order, per window (mode and a rescale in flight are the planner step's, before any policy): stale
+window, stabilization, invalid window, minimum samples, scale-up effectiveness, the policy's core
+(on rates averaged over the metrics window), excluded period, blocked scale-up, step factors,
+partition alignment, backlog mode, delayed scale-down. The quota is applied by the plan agent,
+which reserves slots atomically across jobs (`plan.step.with_quota`).
+
+A subclass gives its `core` (the parallelism it recommends for the smoothed rates) and the
+capacity it predicts recoveries with; everything else is shared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, ClassVar
+
+from contracts.jobs import JobConfig, Mode
+from contracts.messages import Action, Analysis
+from contracts.periods import excluded_at, parse_periods
+from contracts.plan_state import PlanState
+from plan.controls import (
+    align_to_partitions,
+    apply_delayed_scale_down,
+    check_scale_up_effectiveness,
+    limit_step,
+    smoothed,
+    smoothing_samples,
+)
+from plan.policy import Plan, direction, hold
+from plan.proactive import Capacity, ds2_capacity, predicted_recovery_s
+
+
+class GuardedPolicy:
+    """A policy core inside the controls (see the module docstring)."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    needs_forecast: ClassVar[bool] = False
+
+    def core(self, rates: Analysis, config: JobConfig, state: PlanState, restart_time_s: float) -> Plan:
+        """The recommendation for the rates averaged over the metrics window."""
+        raise NotImplementedError
+
+    def capacity_of(self, analysis: Analysis, config: JobConfig) -> Capacity | None:
+        """Capacity (records/s) per parallelism this policy plans with; None while it has none."""
+        rate = analysis.true_processing_rate
+        return (lambda p: ds2_capacity(p, rate)) if rate > 0 else None
+
+    def planned_capacity(self, analysis: Analysis, config: JobConfig) -> float | None:
+        if not analysis.valid:
+            return None
+        capacity_of = self.capacity_of(analysis, config)
+        return None if capacity_of is None else capacity_of(analysis.parallelism)
+
+    def decide(self, state: PlanState, analysis: Analysis, config: JobConfig) -> tuple[PlanState, Plan]:
+        plan, changes = guarded_plan(self, analysis, config, state)
+        return state.updated(changes), plan
+
+
+def guarded_plan(
+    policy: GuardedPolicy, analysis: Analysis, config: JobConfig, state: PlanState
+) -> tuple[Plan, dict[str, Any]]:
+    """The policy's core inside its controls. Returns the plan and the plan-state changes."""
+    current = analysis.parallelism
+    now = analysis.window_end
+    updates: dict[str, Any] = {}
+    expected = state.expected_parallelism
+    if expected is not None:
+        # Windows measured before a rescale still arrive after it; a few are dropped, but a job
+        # restarted by other means must not be ignored forever.
+        budget = state.stale_budget
+        if current != expected and budget > 0:
+            return hold(
+                current, "stale_window",
+                f"the window was measured at parallelism {current}, but the job was rescaled to {expected}",
+                rule="stale_window", expected_parallelism=expected,
+            ), {"stale_budget": budget - 1}
+        updates["expected_parallelism"] = None
+    # Windows seen at this parallelism, counting this one: a (re)started job spends its first
+    # window starting workers, which understates its true rate.
+    same = state.window_parallelism == current
+    seen = state.windows_at_parallelism + 1 if same else 1
+    samples = state.samples_at_parallelism if same else 0
+    updates |= {"window_parallelism": current, "windows_at_parallelism": seen, "samples_at_parallelism": samples}
+    if seen <= config.stabilization_windows:
+        return hold(
+            current, "stabilizing",
+            f"window {seen} of {config.stabilization_windows} ignored after a (re)start while the job settles",
+            rule="stabilization",
+        ), updates
+    if not analysis.valid:
+        return hold(current, "invalid_window", analysis.invalid_reason or "window not usable",
+                    rule="valid_window"), updates
+    samples += 1
+    recent = smoothing_samples(state.samples if same else None, analysis, config.metrics_window_s)
+    updates |= {"samples_at_parallelism": samples, "samples": recent}
+    if samples < config.min_samples:
+        return hold(current, "collecting_samples",
+                    f"sample {samples} of the {config.min_samples} needed at parallelism {current}",
+                    rule="min_samples"), updates
+    check_updates, notice = check_scale_up_effectiveness(analysis, state, config)
+    updates |= check_updates
+    notices = [notice] if notice else []
+    state = state.updated(updates)
+
+    restart = state.downtimes.restart_time(config.restart_time_s, config.restart_time_cap_s)
+    restart = config.restart_time_s if restart is None else min(restart, config.restart_time_cap_s)
+    rates = smoothed(analysis, recent)
+    plan = replace(policy.core(rates, config, state, restart), notices=notices)
+    if plan.action is Action.NONE:
+        plan, delay_updates = apply_delayed_scale_down(plan, current, now, state, config)
+        return plan, updates | delay_updates
+    recommended = plan.to_parallelism
+
+    def held(code: str, message: str, rule: str, **numbers: float | int | None) -> Plan:
+        return replace(hold(current, code, message, rule=rule, recommended=recommended, **numbers),
+                       notices=notices, recommended=recommended)
+
+    period = excluded_at(now, parse_periods(config.excluded_periods))
+    if period is not None:
+        return held("excluded_period", f"no rescaling during the excluded period {period.text!r}",
+                    "excluded_periods"), updates
+    blocked_until = state.scale_up_blocked_until
+    if plan.action is Action.SCALE_UP and blocked_until and now < blocked_until:
+        return held("scale_up_blocked",
+                    f"scale-ups are blocked for {blocked_until - now:.0f} s more after an ineffective one",
+                    "scale_up_effectiveness", blocked_until=blocked_until), updates
+    notes: list[str] = []
+    to, note = limit_step(current, plan.to_parallelism, config)
+    notes += [note] if note else []
+    if config.align_to_partitions:
+        to, note = align_to_partitions(current, to, analysis, config)
+        notes += [note] if note else []
+    if to != plan.to_parallelism or notes:
+        reason = plan.reason.model_copy(update={"message": "; ".join([plan.reason.message, *notes])})
+        plan = replace(plan, action=direction(current, to), to_parallelism=to, reason=reason)
+    if plan.action is Action.SCALE_DOWN:
+        backlog, arrival = analysis.backlog or 0, analysis.arrival_rate or 0.0
+        if backlog > arrival * config.backlog_tolerance_s:
+            return held(
+                "backlog_draining",
+                f"no scale-down to {plan.to_parallelism} while the backlog ({backlog} records) exceeds "
+                f"{config.backlog_tolerance_s:.0f} s of arrivals",
+                "backlog_mode", backlog=backlog, arrival_rate=arrival,
+            ), updates | {"scale_down_since": None, "scale_down_max": None}
+    plan, delay_updates = apply_delayed_scale_down(plan, current, now, state, config)
+    updates |= delay_updates
+    if plan.action is not Action.NONE:
+        plan, recovery_updates = _with_predicted_recovery(policy, plan, rates, config, state, current, now)
+        updates |= recovery_updates
+    if plan.action is Action.SCALE_UP:
+        # Judge the scale-up by the first settled window at the new parallelism.
+        updates["scale_up_check"] = {"from": current, "to": plan.to_parallelism,
+                                     "per_slot_before": analysis.true_processing_rate,
+                                     "capacity_before": current * analysis.true_processing_rate}
+    return replace(plan, recommended=recommended), updates
+
+
+def _with_predicted_recovery(
+    policy: GuardedPolicy, plan: Plan, rates: Analysis, config: JobConfig, state: PlanState, current: int,
+    now: float,
+) -> tuple[Plan, dict[str, Any]]:
+    """The recovery to expect for the parallelism that will run, ending where the detector will call
+    it over (the backlog tolerance). A proactive policy plans with a worst case (drained to zero):
+    kept beside it as `planned_recovery_s`."""
+    planned = plan.reason.numbers.get("predicted_recovery_s")
+    capacity_of = policy.capacity_of(rates, config) if rates.capacity is not None else \
+        GuardedPolicy.capacity_of(policy, rates, config)
+    predicted = predicted_recovery_s(rates, config, plan.to_parallelism, state.downtimes, capacity_of)
+    if predicted is None and plan.reason.numbers.get("chosen") == plan.to_parallelism:
+        predicted = planned
+    numbers = {**plan.reason.numbers, "predicted_recovery_s": predicted}
+    if planned is not None:
+        numbers["planned_recovery_s"] = planned
+    plan = replace(plan, reason=plan.reason.model_copy(update={"numbers": numbers}))
+    updates: dict[str, Any] = {"pending_recovery": {"from": current, "to": plan.to_parallelism,
+                                                    "predicted_s": predicted, "window_end": now}}
+    if config.mode is Mode.AUTO:  # a recommendation does not restart the job
+        updates["rescale_decided_at"] = now
+    return plan, updates

@@ -1,0 +1,1 @@
+"""The scaling policies, one module each; `plan.registry` lists them by name."""

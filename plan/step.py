@@ -1,0 +1,101 @@
+"""The planner step: (plan state, analysis, job configuration) -> (plan state, decision). Pure.
+
+Before any policy: autoscaling off for the job holds, and so does a rescale in flight (one at a
+time; the state's `rescaling`, which the plan agent sets from execute's lock). Then the job's
+policy, chosen by its registry name, decides. A recovery the analysis reports is attached as a
+`recovered` notice, beside the prediction made when the rescale was decided. The slot quota is
+the plan agent's (it reserves slots atomically across jobs); `with_quota` applies its grant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from contracts.jobs import JobConfig, Mode
+from contracts.messages import Action, Analysis, DecisionReason, ScalingDecision
+from contracts.plan_state import PlanState
+from plan.policy import Plan, ScalingPolicy, hold
+from plan.proactive import recovery_notice
+from plan.registry import UnknownPolicy, make_policy
+
+
+def decide(
+    state: PlanState, analysis: Analysis, config: JobConfig, policy: ScalingPolicy | None = None
+) -> tuple[PlanState, Plan]:
+    """The plan for one window and the state to keep. `policy` defaults to the job's (`config.policy`)."""
+    current = analysis.parallelism
+    if config.mode is Mode.OFF:
+        return state, hold(current, "mode_off", "autoscaling is off for this job", rule="mode")
+    if state.rescaling:
+        return state, hold(current, "rescale_in_progress", "a rescale of this job is in progress", rule="one_rescale")
+    if policy is None:
+        try:
+            policy = make_policy(config.policy)
+        except UnknownPolicy as exc:
+            return state, hold(current, "unknown_policy", str(exc), rule="policy")
+    new, plan = policy.decide(state, analysis, config)
+    if new.needs_forecast != policy.needs_forecast:
+        new = new.updated({"needs_forecast": policy.needs_forecast})
+    if analysis.recovery is not None:
+        plan = replace(plan, notices=[*plan.notices, recovery_notice(analysis.recovery, state.pending_recovery)])
+        if new.pending_recovery == state.pending_recovery:  # unless this window rescales again
+            new = new.updated({"pending_recovery": None})
+    return new, plan
+
+
+def apply_quota(plan: Plan, current: int, granted: int, quota: int) -> tuple[Plan, DecisionReason | None]:
+    """Trim a scale-up to the slots the quota grants (granted >= current: a job keeps what it has)."""
+    if plan.action is not Action.SCALE_UP or granted >= plan.to_parallelism:
+        return plan, None
+    numbers = {"quota": quota, "granted": granted, "recommended": plan.to_parallelism}
+    notice = DecisionReason(
+        code="quota_bound", rule="slot_quota",
+        message=f"the slot quota ({quota} across all jobs) trims the scale-up to {granted} of "
+                f"{plan.to_parallelism} recommended", numbers=numbers,
+    )
+    if granted <= current:
+        return hold(current, "quota_exhausted", notice.message, rule="slot_quota", **numbers), notice
+    reason = plan.reason.model_copy(update={
+        "message": f"{plan.reason.message}; {notice.message}", "numbers": {**plan.reason.numbers, **numbers},
+    })
+    return replace(plan, to_parallelism=granted, reason=reason), notice
+
+
+def with_quota(state: PlanState, plan: Plan, current: int, granted: int, quota: int) -> tuple[PlanState, Plan]:
+    """The plan within the slots granted; a `quota_bound` notice when the quota starts to bind, not at
+    every window it keeps binding."""
+    plan, notice = apply_quota(plan, current, granted, quota)
+    if notice is not None:
+        if not state.quota_bound:
+            plan = replace(plan, notices=[*plan.notices, notice])
+        return state.updated({"quota_bound": True}), plan
+    if state.quota_bound:
+        return state.updated({"quota_bound": False}), plan
+    return state, plan
+
+
+def to_decision(plan: Plan, analysis: Analysis, config: JobConfig) -> ScalingDecision:
+    """The decision published for the window, with what the policy recommended and why."""
+    return ScalingDecision(
+        job_id=analysis.job_id,
+        window_end=analysis.window_end,
+        action=plan.action,
+        from_parallelism=analysis.parallelism,
+        to_parallelism=plan.to_parallelism,
+        operator_targets=plan.operator_targets,
+        policy=config.policy,
+        target_utilization=config.target_utilization,
+        reason=plan.reason,
+        recommended_parallelism=plan.recommended,
+        notices=plan.notices,
+        mode=config.mode.value,
+        closed_at=analysis.closed_at,
+    )
+
+
+def plan_step(
+    state: PlanState, analysis: Analysis, config: JobConfig, policy: ScalingPolicy | None = None
+) -> tuple[PlanState, ScalingDecision]:
+    """One window from plan state to decision, without a slot quota."""
+    new, plan = decide(state, analysis, config, policy)
+    return new, to_decision(plan, analysis, config)
