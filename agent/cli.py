@@ -37,7 +37,7 @@ def _mount_optional() -> None:
     except ImportError:
         pass
     try:
-        from pipeline.loadgen import loadgen_app
+        from agent.load_cli import loadgen_app
 
         app.add_typer(loadgen_app, name="load", help="Replay a load shape or trace into a topic.")
     except ImportError:

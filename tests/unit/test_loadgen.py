@@ -4,18 +4,17 @@ import json
 
 import pytest
 
+from agent.load_cli import replay_file
+from evaluation.traces import read_rates, scale_rates
 from pipeline.loadgen import (
     Constant,
+    Replay,
     Sine,
     Steps,
-    Trace,
     demo_record,
     expected_total,
-    load_trace,
     parse_shape,
-    read_trace,
     records_between,
-    rescale,
 )
 
 
@@ -49,29 +48,29 @@ def test_read_both_trace_formats(tmp_path) -> None:
     daedalus.write_text("second|count\n0|5000\n1|6000\n2|7000\n")
     prediction = tmp_path / "iot.csv"
     prediction.write_text("date,messages\n2019-10-06 22:00:00,100.5\n2019-10-06 22:05:00,200.5\n")
-    assert read_trace(daedalus) == [5000.0, 6000.0, 7000.0]
-    assert read_trace(prediction) == [100.5, 200.5]
+    assert read_rates(daedalus) == [5000.0, 6000.0, 7000.0]
+    assert read_rates(prediction) == [100.5, 200.5]
 
 
 def test_rescale_keeps_the_shape() -> None:
     values = [10.0, 20.0, 40.0]
-    assert rescale(values, peak=100) == [25.0, 50.0, 100.0]
-    assert sum(rescale(values, mean=70)) / 3 == pytest.approx(70)
-    assert rescale(values, low=100, high=400) == [100.0, 200.0, 400.0]
+    assert scale_rates(values, peak=100) == [25.0, 50.0, 100.0]
+    assert sum(scale_rates(values, mean=70)) / 3 == pytest.approx(70)
+    assert scale_rates(values, low=100, high=400) == [100.0, 200.0, 400.0]
     with pytest.raises(ValueError):
-        rescale(values, peak=1, mean=1)
+        scale_rates(values, peak=1, mean=1)
 
 
 def test_trace_replay_speed_and_interpolation(tmp_path) -> None:
     path = tmp_path / "t.csv"
     path.write_text("second|count\n0|1000\n1|2000\n2|3000\n3|4000\n")
-    trace = load_trace(path, seconds_per_row=5.0, start_row=1, rows=2, peak=300)
+    trace = replay_file(path, seconds_per_row=5.0, start_row=1, rows=2, peak=300)
     assert trace.rates == (200.0, 300.0)
     assert trace.duration_s == 10.0
     assert trace.rate(2.5) == pytest.approx(250.0)
     assert trace.rate(7.0) == 300.0
     assert trace.rate(10.0) == 0.0
-    assert Trace((1.0, 3.0), 1.0, interpolate=False).rate(0.5) == 1.0
+    assert Replay((1.0, 3.0), 1.0, interpolate=False).rate(0.5) == 1.0
 
 
 def test_demo_record() -> None:
@@ -83,7 +82,7 @@ def test_demo_record() -> None:
 def test_cli_needs_one_shape() -> None:
     from typer.testing import CliRunner
 
-    from pipeline.loadgen import loadgen_app
+    from agent.load_cli import loadgen_app
 
     result = CliRunner().invoke(loadgen_app, ["run"])
     assert result.exit_code != 0
