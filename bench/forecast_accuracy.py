@@ -40,8 +40,8 @@ from analyze.forecast import (
     update_model,
     wape,
 )
-from bench.diurnal import code_version
 from bench.ingest import machine_info
+from bench.provenance import code_version
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -94,7 +94,7 @@ def load_series(name: str, traces: Path, step_s: float) -> Series | None:
     with path.open(newline="") as f:
         values = np.array([float(row["messages"]) for row in csv.DictReader(f)])
     return Series(name, str(path), sha256(path), values, 300.0, 1,
-                  f"1 five-minute row = 1 step = {step_s:g} s ({300 / step_s:g}x compressed, as bench.diurnal)")
+                  f"1 five-minute row = 1 step = {step_s:g} s ({300 / step_s:g}x compressed)")
 
 
 def horizon_text(series: Series, config: ForecastConfig) -> str:

@@ -38,9 +38,9 @@ import analyze.forecasting as forecasting_module
 from analyze.forecast import ForecastConfig, ForecastState, fit_model, load_model, update_model
 from analyze.forecasting import Forecasting
 from analyze.proactive import forecast_config
-from bench.diurnal import code_version
 from bench.forecast_accuracy import TRACES, load_series, packages
 from bench.ingest import machine_info, percentile, process_cpu_seconds
+from bench.provenance import code_version
 from contracts.settings import Settings
 from knowledge.store import Knowledge
 from stack.processes import Service, start_redis
