@@ -127,6 +127,28 @@ def _knowledge_call(fn):  # type: ignore[no-untyped-def]
     return asyncio.run(run())
 
 
+def _known_policy(overrides: dict[str, str]) -> dict[str, str]:
+    """Overrides whose `policy`, if any, is a registered policy (the job config only checks its form)."""
+    from contracts.jobs import ConfigError
+    from plan.registry import POLICIES, UnknownPolicy
+
+    name = overrides.get("policy")
+    if name is not None and name not in POLICIES:
+        raise ConfigError(f"invalid configuration: policy: {UnknownPolicy(name)}")
+    return overrides
+
+
+@app.command()
+def policies() -> None:
+    """The scaling policies a job may use (`autoscaler config set JOB policy=NAME`)."""
+    from plan.registry import DEFAULT_POLICY, POLICIES
+
+    table = Table("policy", "forecast", "what it does", title=f"Scaling policies (a job's default: {DEFAULT_POLICY})")
+    for name, policy in POLICIES.items():
+        table.add_row(name, "yes" if policy.needs_forecast else "no", policy.summary)
+    console.print(table)
+
+
 @jobs_app.command("register")
 def jobs_register(
     job_id: str, settings: Annotated[list[str] | None, typer.Argument(help="key=value overrides")] = None
@@ -135,7 +157,7 @@ def jobs_register(
     from contracts.jobs import ConfigError, parse_assignments
 
     try:
-        overrides = parse_assignments(settings or [])
+        overrides = _known_policy(parse_assignments(settings or []))
         config = _knowledge_call(lambda k: k.register_job(job_id, overrides))
     except ConfigError as exc:
         console.print(f"[red]{exc}[/red]")
@@ -149,7 +171,8 @@ def config_set(job_id: str, settings: Annotated[list[str], typer.Argument(help="
     from contracts.jobs import ConfigError, parse_assignments
 
     try:
-        config = _knowledge_call(lambda k: k.set_config(job_id, parse_assignments(settings)))
+        changes = _known_policy(parse_assignments(settings))
+        config = _knowledge_call(lambda k: k.set_config(job_id, changes))
     except (ConfigError, KeyError) as exc:
         console.print(f"[red]{exc.args[0]}[/red]")
         raise typer.Exit(2) from None
