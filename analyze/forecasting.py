@@ -17,16 +17,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 from threadpoolctl import threadpool_limits
 
-from analyze.forecast import (
-    ForecastConfig,
-    ForecastDecision,
-    ForecastState,
-    RetrainRequest,
-    abandon_retrain,
-    fit_model,
-    install_model,
-    step,
-)
+from analyze.arima import ForecastConfig, fit_model
+from analyze.forecast import ForecastDecision, ForecastState, RetrainRequest, abandon_retrain, install_model, step
 from knowledge.store import Knowledge
 
 log = logging.getLogger("autoscaler.analyze")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analyze.anomaly import RecoveryDetector
+from analyze.arima import ForecastConfig
 from analyze.capacity import (
     CapacityEstimate,
     CapacityModel,
@@ -22,7 +23,7 @@ from analyze.capacity import (
     choose_capacity,
     fit_scaling_curve,
 )
-from analyze.forecast import Forecast, ForecastConfig, ForecastDecision
+from analyze.forecast import Forecast, ForecastDecision
 from contracts.messages import Analysis, CapacityCurve, CapacityView, ForecastView, MetricWindow, RecoveryView
 
 

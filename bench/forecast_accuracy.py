@@ -27,19 +27,17 @@ from rich.console import Console
 from rich.table import Table
 from threadpoolctl import threadpool_limits
 
-from analyze.forecast import (
+from analyze.arima import (
     ForecastConfig,
-    ForecastState,
     arima_forecast,
     fit_model,
-    install_model,
     last_value_forecast,
     linear_trend_forecast,
     load_model,
-    step,
     update_model,
     wape,
 )
+from analyze.forecast import ForecastState, install_model, step
 from bench.ingest import machine_info
 from bench.provenance import code_version
 

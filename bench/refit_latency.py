@@ -35,7 +35,8 @@ from rich.table import Table
 from threadpoolctl import threadpool_info, threadpool_limits
 
 import analyze.forecasting as forecasting_module
-from analyze.forecast import ForecastConfig, ForecastState, fit_model, load_model, update_model
+from analyze.arima import ForecastConfig, fit_model, load_model, update_model
+from analyze.forecast import ForecastState
 from analyze.forecasting import Forecasting
 from analyze.proactive import forecast_config
 from bench.forecast_accuracy import TRACES, load_series, packages

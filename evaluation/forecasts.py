@@ -11,7 +11,8 @@ import contextlib
 import time
 from dataclasses import dataclass
 
-from analyze.forecast import ForecastState, fit_model, install_model, step
+from analyze.arima import fit_model
+from analyze.forecast import ForecastState, install_model, step
 from analyze.proactive import forecast_config, forecast_view
 from contracts.jobs import JobConfig
 from contracts.messages import ForecastView

@@ -161,7 +161,8 @@ def advance(model: JobModel, state: JobState, start: float, length_s: float, arr
     capacity = model.capacity(state.parallelism if not model.fused else state.job_parallelism) * rate_factor
     arrivals = arrival_rate * length_s
     processed = min(state.backlog + arrivals, capacity * running)
-    state.backlog += arrivals - processed
+    # Floating-point round-off must not leave a backlog (and so a busy time) a hair below zero.
+    state.backlog = max(0.0, state.backlog + arrivals - processed)
     paid = sum(state.parallelism) if not model.fused else state.job_parallelism
     if model.fused:
         busy = processed * model.slot_seconds_per_record(state.job_parallelism) / rate_factor

@@ -30,6 +30,11 @@ def test_every_policy_and_the_oracle_compute_what_they_computed_before(key: str)
     assert {RENAMED.get(name, name) for name in before["runs"]} == set(runs)
     for name, measures in before["runs"].items():
         now = runs[RENAMED.get(name, name)]
-        assert {k: now[k] for k in measures} == measures, name
+        exact = {k: v for k, v in measures.items() if k != "capacity_error_pct"}
+        assert {k: now[k] for k in exact} == exact, name
+        # The job model no longer lets round-off leave a backlog of -1e-13 records (which made a busy
+        # time negative and a report invalid): a mean capacity error may move in its third decimal.
+        error = measures["capacity_error_pct"]
+        assert now["capacity_error_pct"] == (None if error is None else pytest.approx(error, abs=0.01)), name
     assert {k: result["oracle"][k] for k in before["oracle"]} == before["oracle"]
     assert result["static_parallelism"] == before["static_parallelism"]

@@ -13,20 +13,18 @@ import numpy as np
 import pytest
 
 from analyze import forecast as fc
-from analyze.forecast import (
+from analyze.arima import (
     ForecastConfig,
-    ForecastState,
     arima_forecast,
     fit_model,
-    install_model,
     last_value_forecast,
     linear_trend_forecast,
     load_model,
     model_points,
-    step,
     update_model,
     wape,
 )
+from analyze.forecast import ForecastState, install_model, step
 
 PERIOD = 40  # points per cycle of the synthetic series
 HORIZON = 10  # a quarter of a cycle
