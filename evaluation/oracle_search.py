@@ -1,0 +1,305 @@
+"""The oracle's search: dynamic programming over decision blocks (see `evaluation.oracle` for the model).
+
+Algorithm: dynamic programming over decision blocks. The state at a block boundary is (parallelism, blocks
+since the last rescale, capped where a rescale no longer matters, backlog). The backlog is continuous, so per
+(parallelism, age) the DP keeps a Pareto front of (objective so far, backlog) pairs: a pair with both a lower
+objective and a lower backlog dominates, since a smaller backlog never makes any future step worse (the
+backlog update is monotone in the backlog). One block is simulated for all candidate states and parallelisms
+at once with numpy. A first search keeps only the states that meet the rule, which keeps fronts short; only if
+none survives (a proof that no schedule meets the rule, see below) does the fewest-violations search run.
+
+Approximation and its bound: a front longer than `max_front` is cut into `max_front` equal backlog buckets.
+Two passes make the cut harmless or measured:
+1. An optimistic pass merges each bucket into (its lowest objective, its lowest backlog), a state that may not
+   exist but dominates every state of the bucket, so its optimum is a lower bound of the true optimum
+   (`lower_bound_slot_seconds`). The cost of a schedule depends on its parallelisms only, so the schedule
+   that pass picks is replayed exactly; if it meets the rule as well as the pass believed, it is optimal
+   (`certified_optimal`), and that is the usual case: when no front exceeds `max_front` (small instances,
+   and typical traces: a front is long only where backlogs of many costs coexist) there is no cut at all.
+2. Otherwise a conservative pass keeps the cheapest real state of each bucket, and the better of the two
+   replayed schedules is returned. It is a real schedule, so `slot_seconds` is never below the optimum, and
+   `slot_seconds - lower_bound_slot_seconds` (`gap_slot_seconds`) bounds how far above it is. There is no
+   useful a-priori bound: keeping the cheapest state of a bucket may keep one whose backlog is up to a bucket
+   width higher than a dropped one's, and that can make a later step fail. Raise `max_front` to close a gap.
+The fewest-violations search cuts its fronts to `FALLBACK_FRONT` (4): under overload backlogs never drain, so
+fronts stay long and the search would be slow, and the gap is still reported.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# Comparisons ignore floating-point noise: time in seconds, and backlogs relative to the trace's scale.
+EPSILON = 1e-9
+
+
+@dataclass(frozen=True, eq=False)
+class OracleModel:
+    """A validated problem, in the units the DP works in (records per step, whole steps per block)."""
+
+    arrivals: np.ndarray  # records arriving in each step
+    limits: np.ndarray  # the largest backlog the rule allows after each step, plus a float tolerance
+    checked: np.ndarray  # whether the rule applies to the step at all (outside grace)
+    capacity: np.ndarray  # records/s at parallelism p, index 0 unused
+    targets: np.ndarray  # the parallelisms a rescale may go to
+    dt: float
+    block: int  # steps per decision
+    downtime_s: float
+    grace_s: float
+    replay: float
+    initial_parallelism: int
+    initial_backlog: float
+    free_rescales: bool  # rescales cost nothing and change nothing but the parallelism: p is not state
+
+    @property
+    def steps(self) -> int:
+        return len(self.arrivals)
+
+    @property
+    def age_cap(self) -> int:
+        """Blocks after which a rescale neither stops processing nor suspends the rule any more."""
+        longest = max(self.downtime_s, self.grace_s) / (self.block * self.dt)
+        return max(1, math.ceil(longest - EPSILON))
+
+    def block_profile(self, age: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """Running seconds and grace exemption of each step of a block that starts `age` blocks after the last
+        rescale started (age_cap: long ago, or never)."""
+        since = age * self.block * self.dt + (np.arange(length) + 1) * self.dt
+        running = np.clip(since - self.downtime_s, 0.0, self.dt)
+        exempt = (since <= self.grace_s + EPSILON) & (age < self.age_cap)
+        return running, exempt
+
+
+@dataclass(frozen=True, eq=False)
+class Replayed:
+    parallelism: np.ndarray
+    backlog: np.ndarray
+    violations: int  # steps
+    cost: int  # slot-steps
+    rescales: int
+
+
+def solve(
+    model: OracleModel, max_front: int, *, optimistic: bool, feasible_only: bool
+) -> tuple[np.ndarray, int, int] | None:
+    """The DP. Returns the parallelism of each block, and the violating steps and slot-steps it believes; None
+    when `feasible_only` (states that break the rule are dropped) and no state survives."""
+    n, k, cap = model.steps, model.block, model.capacity
+    targets = model.targets
+    blocks = -(-n // k)
+    age_cap = model.age_cap
+    weight = (len(cap) - 1) * n + 1  # one violating step outweighs any cost: objective = violations x weight + cost
+    decision_s = k * model.dt
+    profiles = {(age, length): model.block_profile(age, length) for age in range(age_cap + 1) for length in {k, n % k}
+                if length}
+
+    # The states at the current block boundary, and per block the kept candidates' parent and parallelism.
+    obj = np.zeros(1, dtype=np.int64)
+    backlog = np.array([model.initial_backlog])
+    par = np.array([model.initial_parallelism])
+    age = np.array([age_cap])
+    parents: list[np.ndarray] = []
+    chosen: list[np.ndarray] = []
+
+    for b in range(blocks):
+        i0 = b * k
+        length = min(k, n - i0)
+        # Candidates: (source state, parallelism for the block, age at the block start, backlog at the start).
+        hold = np.arange(len(obj))
+        groups = [(int(a), hold[age == a], par[age == a], backlog[age == a]) for a in np.unique(age)]
+        src, q = rescale_candidates(np.flatnonzero(age * decision_s >= model.downtime_s - EPSILON), obj, backlog,
+                                     par, targets)
+        if len(src):
+            groups.append((0, src, q, backlog[src] + model.replay))
+
+        keys, objs, backs, srcs, qs = [], [], [], [], []
+        for a, g_src, g_q, start in groups:
+            running, exempt = profiles[(a, length)]
+            cq = cap[g_q]
+            level = start.copy()
+            violations = np.zeros(len(g_src), dtype=np.int64)
+            for j in range(length):
+                i = i0 + j
+                level += model.arrivals[i]
+                level -= cq * running[j]
+                np.maximum(level, 0.0, out=level)
+                if model.checked[i] and not exempt[j]:
+                    violations += level > model.limits[i]
+            new_age = min(a + 1, age_cap)
+            keys.append(g_q.astype(np.int64) * (age_cap + 1) + new_age)
+            objs.append(obj[g_src] + violations * weight + g_q.astype(np.int64) * length)
+            backs.append(level)
+            srcs.append(g_src)
+            qs.append(g_q)
+        key, cand_obj, cand_back = np.concatenate(keys), np.concatenate(objs), np.concatenate(backs)
+        cand_src, cand_q = np.concatenate(srcs), np.concatenate(qs)
+        if feasible_only:
+            ok = cand_obj < weight
+            if not ok.any():
+                return None
+            key, cand_obj, cand_back, cand_src, cand_q = key[ok], cand_obj[ok], cand_back[ok], cand_src[ok], cand_q[ok]
+
+        keep, backlog = prune(key, cand_obj, cand_back, max_front, optimistic)
+        obj, par = cand_obj[keep], cand_q[keep]
+        age = key[keep] % (age_cap + 1)
+        parents.append(cand_src[keep])
+        chosen.append(par)
+
+    return backtrack(obj, backlog, parents, chosen, weight)
+
+
+def rescale_candidates(
+    can: np.ndarray, obj: np.ndarray, backlog: np.ndarray, par: np.ndarray, targets: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (source state, new parallelism) pairs worth simulating for a rescale, among the states in `can`.
+
+    After a rescale only the objective and backlog of the source matter, so for a target q a source is useless
+    if another source not at q has both a lower objective and a lower backlog. A source dominated by sources at
+    two parallelisms, or at its own, is useless for every target; dominated only by sources at one other
+    parallelism p', it matters for p' alone. That cuts sources x targets down to about a front x targets."""
+    if len(can) == 0:
+        return can, can
+    order = can[np.lexsort((backlog[can], obj[can]))]
+    level, at = backlog[order], par[order]
+    # lowest[p, i]: the lowest backlog of the sources at p among the first i (so objective <=).
+    lowest = np.full((int(par.max()) + 1, len(order) + 1), np.inf)
+    lowest[at, np.arange(1, len(order) + 1)] = level
+    dominated = np.minimum.accumulate(lowest, axis=1)[:, :-1] <= level
+    count = dominated.sum(axis=0)
+    free = order[count == 0]
+    src = np.repeat(free, len(targets))
+    q = np.tile(targets, len(free))
+    moved = q != par[src]
+    one = np.flatnonzero(count == 1)
+    other = dominated[:, one].argmax(axis=0)
+    useful = (other != at[one]) & np.isin(other, targets)
+    return np.concatenate((src[moved], order[one[useful]])), np.concatenate((q[moved], other[useful]))
+
+
+def solve_free(
+    model: OracleModel, max_front: int, *, optimistic: bool, feasible_only: bool
+) -> tuple[np.ndarray, int, int] | None:
+    """The DP of the relaxation: a decision every step, and the parallelism is not state (one front).
+
+    From each state, only the parallelisms that matter are tried: none above the first that empties the backlog
+    (same backlog, more cost), and none that breaks the rule when another does not (one violation outweighs
+    any cost, and a lower parallelism leaves a higher backlog)."""
+    n, targets = model.steps, model.targets
+    rate_dt = model.capacity[targets] * model.dt
+    cost = targets.astype(np.int64)
+    weight = (len(model.capacity) - 1) * n + 1
+    obj = np.zeros(1, dtype=np.int64)
+    backlog = np.array([model.initial_backlog])
+    parents: list[np.ndarray] = []
+    chosen: list[np.ndarray] = []
+    for i in range(n):
+        level = backlog[:, None] + model.arrivals[i]
+        level = np.maximum(level - rate_dt, 0.0)  # (state, parallelism)
+        empty = level == 0.0
+        useful = np.arange(len(targets)) <= np.where(empty.any(axis=1), empty.argmax(axis=1), len(targets))[:, None]
+        violates = level > model.limits[i] if model.checked[i] else np.zeros_like(empty)
+        useful &= ~violates if feasible_only else ~violates | violates.all(axis=1)[:, None]
+        rows, cols = np.nonzero(useful)
+        if len(rows) == 0:
+            return None
+        cand_obj = obj[rows] + violates[rows, cols] * weight + cost[cols]
+        keep, backlog = prune(np.zeros(len(rows), dtype=np.int64), cand_obj, level[rows, cols], max_front,
+                               optimistic)
+        obj = cand_obj[keep]
+        parents.append(rows[keep])
+        chosen.append(targets[cols[keep]])
+    return backtrack(obj, backlog, parents, chosen, weight)
+
+
+def backtrack(
+    obj: np.ndarray, backlog: np.ndarray, parents: list[np.ndarray], chosen: list[np.ndarray], weight: int
+) -> tuple[np.ndarray, int, int]:
+    """The best final state's schedule (ties: the lower backlog), its violating steps and its slot-steps."""
+    best = int(np.lexsort((backlog, obj))[0])
+    final = int(obj[best])
+    schedule = np.empty(len(chosen), dtype=np.int64)
+    for b in range(len(chosen) - 1, -1, -1):
+        schedule[b] = chosen[b][best]
+        best = int(parents[b][best])
+    return schedule, final // weight, final % weight
+
+
+def prune(
+    key: np.ndarray, obj: np.ndarray, backlog: np.ndarray, max_front: int, optimistic: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per key, the Pareto front of (objective, backlog), cut to `max_front` backlog buckets if longer.
+
+    Returns the indices kept (each bucket's cheapest) and their backlogs: the cheapest's own (conservative), or
+    the bucket's lowest (optimistic: a state that dominates the whole bucket, for the lower bound)."""
+    single = bool(key.min() == key.max())
+    order = np.lexsort((backlog, obj)) if single else np.lexsort((backlog, obj, key))
+    key, backlog = key[order], backlog[order]
+    # Dominated: an earlier entry of the same key (objective <=) has a backlog <=.
+    keep = np.empty(len(order), dtype=bool)
+    keep[0] = True
+    if single:
+        keep[1:] = backlog[1:] < np.minimum.accumulate(backlog)[:-1]
+    else:
+        # Integer backlog ranks (ties ranked in sorted order, so a later tie is dropped), offset so that every
+        # earlier key ranks above any later one: one running minimum then serves all keys at once.
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[np.argsort(backlog, kind="stable")] = np.arange(len(order))
+        value = rank + (int(key[-1]) - key) * len(order)
+        keep[1:] = value[1:] < np.minimum.accumulate(value)[:-1]
+    order, key, backlog = order[keep], key[keep], backlog[keep]
+
+    if len(order) <= max_front:
+        return order, backlog
+    edges = np.flatnonzero(key[1:] != key[:-1]) + 1
+    starts = np.concatenate(([0], edges))
+    counts = np.diff(np.concatenate((starts, [len(key)])))
+    if counts.max() <= max_front:
+        return order, backlog
+    group = np.repeat(np.arange(len(starts)), counts)
+    bucket = np.arange(len(key)) - starts[group]  # small fronts: every entry its own bucket
+    big = counts[group] > max_front
+    high = backlog[starts][group][big]  # a front's backlogs decrease as its objectives increase
+    low = backlog[starts + counts - 1][group][big]
+    bucket[big] = np.minimum(((high - backlog[big]) / (high - low) * max_front).astype(np.int64), max_front - 1)
+    new = np.empty(len(key), dtype=bool)
+    new[0] = True
+    new[1:] = (group[1:] != group[:-1]) | (bucket[1:] != bucket[:-1])
+    firsts = np.flatnonzero(new)
+    if optimistic:
+        lasts = np.concatenate((firsts[1:], [len(key)])) - 1
+        return order[firsts], backlog[lasts]
+    return order[firsts], backlog[firsts]
+
+
+def replay(model: OracleModel, schedule: np.ndarray) -> Replayed:
+    """Run a per-block schedule through the model exactly, step by step (the same arithmetic as the DP)."""
+    n, k, cap = model.steps, model.block, model.capacity
+    age_cap = model.age_cap
+    parallelism = np.empty(n, dtype=np.int64)
+    backlog = np.empty(n)
+    p, level, age = model.initial_parallelism, model.initial_backlog, age_cap
+    violations = cost = rescales = 0
+    profiles: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    for b, q in enumerate(schedule.tolist()):
+        i0 = b * k
+        length = min(k, n - i0)
+        if q != p:
+            if age * k * model.dt < model.downtime_s - EPSILON:
+                raise AssertionError("schedule rescales during a restart")
+            p, age, rescales = q, 0, rescales + 1
+            level += model.replay
+        if (age, length) not in profiles:
+            profiles[(age, length)] = model.block_profile(age, length)
+        running, exempt = profiles[(age, length)]
+        for j in range(length):
+            i = i0 + j
+            level = max(level + model.arrivals[i] - cap[p] * running[j], 0.0)
+            if model.checked[i] and not exempt[j] and level > model.limits[i]:
+                violations += 1
+            parallelism[i], backlog[i] = p, level
+        cost += p * length
+        age = min(age + 1, age_cap)
+    return Replayed(parallelism, backlog, violations, cost, rescales)
