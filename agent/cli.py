@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from contracts.catalog import CONTRACTS, json_schema_text
+from contracts.catalog import CONTRACTS, contracts_markdown, json_schema_text
 from contracts.settings import get_settings
 
 app = typer.Typer(help="A MAPE-K autoscaler for streaming pipelines.", no_args_is_help=True)
@@ -92,14 +92,17 @@ def topics() -> None:
 @app.command()
 def schema(
     name: Annotated[str | None, typer.Argument(help=f"One of: {', '.join(CONTRACTS)}")] = None,
-    write: Annotated[Path | None, typer.Option(help="Write every schema as <name>.schema.json here.")] = None,
+    write: Annotated[Path | None, typer.Option(
+        help="Write the contracts page (DIR/contracts.md) and every JSON Schema (DIR/schemas/<name>.schema.json).",
+    )] = None,
 ) -> None:
-    """Print a contract's JSON Schema (or write them all)."""
+    """Print a contract's JSON Schema, or write the contracts page and every schema (`--write docs`)."""
     if write is not None:
-        write.mkdir(parents=True, exist_ok=True)
+        (write / "schemas").mkdir(parents=True, exist_ok=True)
         for contract in CONTRACTS:
-            (write / f"{contract}.schema.json").write_text(json_schema_text(contract) + "\n")
-        console.print(f"wrote {len(CONTRACTS)} schemas to {write}")
+            (write / "schemas" / f"{contract}.schema.json").write_text(json_schema_text(contract) + "\n")
+        (write / "contracts.md").write_text(contracts_markdown())
+        console.print(f"wrote {write / 'contracts.md'} and {len(CONTRACTS)} schemas in {write / 'schemas'}")
         return
     if name is None:
         console.print("contracts: " + ", ".join(CONTRACTS))

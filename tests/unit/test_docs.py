@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from contracts.catalog import CONTRACTS, json_schema_text
+from contracts.catalog import CONTRACTS, contracts_markdown, json_schema_text
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,5 +23,11 @@ def test_published_schemas_are_current() -> None:
     for name in CONTRACTS:
         published = ROOT / "docs" / "schemas" / f"{name}.schema.json"
         assert published.read_text() == json_schema_text(name) + "\n", (
-            f"{published.name} is stale: run `autoscaler schema --write docs/schemas`"
+            f"{published.name} is stale: run `autoscaler schema --write docs`"
         )
+
+
+def test_the_contracts_page_is_generated_from_the_models() -> None:
+    assert (ROOT / "docs" / "contracts.md").read_text() == contracts_markdown(), (
+        "docs/contracts.md is stale: run `autoscaler schema --write docs`"
+    )
