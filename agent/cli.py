@@ -28,29 +28,19 @@ console = Console()
 DEMO_SHAPE = "steps:120:90,560:240,120:150"
 
 
-def _mount_optional() -> None:
-    """The Spark side needs the `spark` extra; without it these commands are simply absent."""
-    try:
-        from agent.job_cli import job_app
+def _mount_commands() -> None:
+    """The commands whose modules load more than the agents need (imported when the CLI starts;
+    Spark itself is imported only when a job runs)."""
+    from agent.job_cli import job_app
+    from agent.load_cli import loadgen_app
+    from evaluation.cli import evaluate_command
 
-        app.add_typer(job_app, name="job", help="Run a Spark job under the autoscaler's control.")
-    except ImportError:
-        pass
-    try:
-        from agent.load_cli import loadgen_app
-
-        app.add_typer(loadgen_app, name="load", help="Replay a load shape or trace into a topic.")
-    except ImportError:
-        pass
-    try:
-        from evaluation.cli import evaluate_command
-
-        app.command("evaluate")(evaluate_command)
-        bench_app.command("evaluate", help="The same as `autoscaler evaluate` (its former name, kept for one "
-                          "release).")(evaluate_command)
-        app.add_typer(bench_app, name="bench")
-    except ImportError:
-        pass
+    app.add_typer(job_app, name="job", help="Run a Spark job under the autoscaler's control.")
+    app.add_typer(loadgen_app, name="load", help="Replay a load shape or trace into a topic.")
+    app.command("evaluate")(evaluate_command)
+    bench_app.command("evaluate", help="The same as `autoscaler evaluate` (its former name, kept for one "
+                      "release).")(evaluate_command)
+    app.add_typer(bench_app, name="bench")
 
 
 # ---------------------------------------------------------------- agents
@@ -332,6 +322,6 @@ def stack_status() -> None:
 
 
 def main() -> None:
-    _mount_optional()
+    _mount_commands()
     app()
 
