@@ -150,24 +150,6 @@ def check_scale_up_effectiveness(
     return updates, notice
 
 
-def apply_quota(plan: Plan, current: int, granted: int, quota: int) -> tuple[Plan, DecisionReason | None]:
-    """Trim a scale-up to the slots the quota grants (granted >= current: a job keeps what it has)."""
-    if plan.action is not Action.SCALE_UP or granted >= plan.to_parallelism:
-        return plan, None
-    numbers = {"quota": quota, "granted": granted, "recommended": plan.to_parallelism}
-    notice = DecisionReason(
-        code="quota_bound", rule="slot_quota",
-        message=f"the slot quota ({quota} across all jobs) trims the scale-up to {granted} of "
-                f"{plan.to_parallelism} recommended", numbers=numbers,
-    )
-    if granted <= current:
-        return hold(current, "quota_exhausted", notice.message, rule="slot_quota", **numbers), notice
-    reason = plan.reason.model_copy(update={
-        "message": f"{plan.reason.message}; {notice.message}", "numbers": {**plan.reason.numbers, **numbers},
-    })
-    return replace(plan, to_parallelism=granted, reason=reason), notice
-
-
 SMOOTHED_FIELDS = ("arrival_rate", "true_processing_rate", "true_output_rate", "utilization")
 
 
