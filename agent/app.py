@@ -23,7 +23,7 @@ from execute.agent import ExecuteAgent
 from infra.kafka import TopicKeeper
 from infra.resilience import until_done
 from infra.security import faust_credentials, redact
-from knowledge import Knowledge
+from knowledge import Knowledge, RedisKnowledge
 from monitor.agent import MonitorAgent
 from plan.agent import PlanAgent
 
@@ -206,7 +206,7 @@ def create_app(settings: Settings, stages: Iterable[str] = STAGES) -> tuple[faus
     )
     # Replaces the transport Faust would build from the broker URL (same class, shorter fetch wait).
     app.transport = _transport_with_fetch_wait(settings.broker_fetch_max_wait_ms)(app.conf.broker_consumer, app)
-    runtime = Runtime(app=app, settings=settings, knowledge=Knowledge(settings))
+    runtime = Runtime(app=app, settings=settings, knowledge=RedisKnowledge(settings))
 
     @app.page("/metrics")
     async def metrics_page(self: object, request: object) -> object:

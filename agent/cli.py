@@ -108,10 +108,10 @@ def schema(
 
 
 def _knowledge_call(fn):  # type: ignore[no-untyped-def]
-    from knowledge.store import Knowledge
+    from knowledge import RedisKnowledge
 
     async def run():  # type: ignore[no-untyped-def]
-        knowledge = Knowledge(get_settings())
+        knowledge = RedisKnowledge(get_settings())
         try:
             return await fn(knowledge)
         finally:
@@ -214,13 +214,19 @@ def jobs_list() -> None:
     """Registered jobs with their state."""
 
     async def collect(k):  # type: ignore[no-untyped-def]
-        return [(job, await k.job_config(job), await k.state(job)) for job in sorted(await k.jobs())]
+        rows = []
+        for job in sorted(await k.jobs()):
+            running = (await k.plan_state(job)).parallelism
+            if running is None:
+                running = ((await k.last_analysis(job)) or {}).get("parallelism")
+            rows.append((job, await k.job_config(job), running))
+        return rows
 
     table = Table("job", "mode", "policy", "parallelism", "bounds", "target util")
-    for job, config, state in _knowledge_call(collect):
+    for job, config, running in _knowledge_call(collect):
         table.add_row(
             job, config.mode.value, config.policy,
-            str(state.get("parallelism", state.get("parallelism_seen", "?"))),
+            "?" if running is None else str(running),
             f"{config.min_parallelism}..{config.max_parallelism}", f"{config.target_utilization:.0%}",
         )
     console.print(table)

@@ -14,7 +14,7 @@ from agent.watch import consumer, describe_decision, describe_event
 from contracts.messages import Analysis, ScalingDecision, ScalingEvent
 from contracts.settings import Settings
 from infra.kafka import ensure_topics
-from knowledge.store import Knowledge
+from knowledge import RedisKnowledge
 from stack.embedded import Stack, state_dir
 from stack.processes import spawn, stop_pid
 
@@ -22,7 +22,7 @@ JOB = "demo"
 
 
 async def _register(settings: Settings, max_parallelism: int) -> None:
-    knowledge = Knowledge(settings)
+    knowledge = RedisKnowledge(settings)
     try:
         # The demo compresses time: its low phase is shorter than the default 300 s scale-down delay.
         await knowledge.register_job(

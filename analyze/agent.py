@@ -73,8 +73,9 @@ class AnalyzeAgent:
         learned = Learned.from_dict(stored) if stored else new_learned(config.anomaly_k, config.backlog_tolerance_s)
         learned, capacity, recovery = learn(learned, window, analysis)
         forecast = None
-        # Only for a job whose policy plans with a forecast (the plan stage records that in the plan state).
-        if window.source is not None and (await knowledge.plan_state(job)).needs_forecast:
+        # Not for a job whose policy plans without a forecast (plan says so in the plan state from the
+        # job's first window on; until then the forecast starts, as it may be needed).
+        if window.source is not None and (await knowledge.plan_state(job)).needs_forecast is not False:
             # The forecast skips points it already has, so a redelivered window does not count twice.
             settings = forecast_config(window.window_end - window.window_start, config.forecast_horizon_s,
                                        config.forecast_wape_threshold, config.forecast_retrain_after,
@@ -84,9 +85,7 @@ class AnalyzeAgent:
         analysis = analysis.model_copy(update={"capacity": capacity, "forecast": forecast, "recovery": recovery})
         message = analysis.model_dump_json()
         committed_now = await knowledge.commit_window(
-            job, "analyze", window.window_end, message,
-            state={"parallelism_seen": analysis.parallelism},
-            values={"learned": json.dumps(learned.to_dict())},
+            job, "analyze", window.window_end, message, values={"learned": json.dumps(learned.to_dict())},
         )
         if not committed_now:
             return  # another worker committed this window meanwhile and publishes it

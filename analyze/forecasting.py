@@ -19,7 +19,7 @@ from threadpoolctl import threadpool_limits
 
 from analyze.arima import ForecastConfig, fit_model
 from analyze.forecast import ForecastDecision, ForecastState, RetrainRequest, abandon_retrain, install_model, step
-from knowledge.store import Knowledge
+from knowledge import Knowledge
 
 log = logging.getLogger("autoscaler.analyze")
 

@@ -37,7 +37,7 @@ from rich.table import Table
 from contracts.messages import MetricReport, OperatorMetrics, ScalingDecision, SourceMetrics
 from contracts.settings import Settings, Topics
 from infra.kafka import ensure_topics
-from knowledge.store import Knowledge
+from knowledge import Knowledge, RedisKnowledge
 from monitor.windows import window_start_for
 from stack.processes import Service, free_port, start_broker, start_redis, stop_pid, wait_for_port
 
@@ -203,7 +203,7 @@ def produce_all(p: Producer, topic: str, records: list[tuple[bytes, bytes]]) -> 
 
 
 async def register_jobs(settings: Settings, jobs: list[str], overrides: dict[str, str]) -> None:
-    knowledge = Knowledge(settings)
+    knowledge = RedisKnowledge(settings)
     try:
         for job in jobs:
             await knowledge.register_job(job, overrides)
@@ -264,7 +264,7 @@ def measure_throughput(
     produce_s = time.monotonic() - started
     del records
 
-    knowledge = Knowledge(settings)
+    knowledge = RedisKnowledge(settings)
     cpu_before = {"broker": process_cpu_seconds(broker.pid), "redis": process_cpu_seconds(redis.pid)}
     spawned = time.monotonic()
     worker = start_worker(settings, workdir, stages)
@@ -473,7 +473,7 @@ def measure_latency(
     clocks = [JobClock(job, base, loop_interval_s) for job in job_ids]
     ensure_topics(settings)
     loop.run(register_jobs(settings, job_ids, {"mode": "recommend"}))
-    knowledge = Knowledge(settings)
+    knowledge = RedisKnowledge(settings)
     collector = DecisionCollector(settings)
     p = producer(settings, linger_ms=0)
     groups = [["monitor", "analyze", "plan", "execute"]] if layout == "all-in-one" else [

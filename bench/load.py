@@ -34,7 +34,7 @@ from rich.table import Table
 from bench.proactive_live import isolated_settings
 from contracts.settings import Settings, settings_env
 from infra.kafka import ensure_topics, kafka_client_config
-from knowledge.store import Knowledge
+from knowledge import RedisKnowledge
 from stack.processes import free_port, spawn, start_broker, start_redis, stop_pid, wait_for_port
 
 RESULTS = Path(__file__).parent / "results"
@@ -157,7 +157,7 @@ def report_bytes(job: str, timestamp: float) -> bytes:
 
 
 async def register_all(settings: Settings, jobs: list[str]) -> None:
-    knowledge = Knowledge(settings)
+    knowledge = RedisKnowledge(settings)
     try:
         for job in jobs:
             await knowledge.register_job(job, {"mode": "recommend"})

@@ -28,7 +28,7 @@ from rich.table import Table
 from contracts.messages import Analysis, EventType, ScalingDecision, ScalingEvent
 from contracts.settings import Settings, Topics, settings_env
 from infra.kafka import ensure_topics, group_consumer_config
-from knowledge.store import Knowledge
+from knowledge import RedisKnowledge
 from stack.processes import free_port, spawn, start_broker, start_redis, stop_pid, wait_for_port
 
 JOB = "demo"
@@ -75,7 +75,7 @@ def isolated_settings(broker_port: int, redis_port: int, topic_prefix: str, app_
 
 
 async def _register(settings: Settings, job: str, overrides: dict[str, str]) -> None:
-    knowledge = Knowledge(settings)
+    knowledge = RedisKnowledge(settings)
     try:
         await knowledge.register_job(job, overrides)
     finally:

@@ -43,7 +43,7 @@ from bench.forecast_accuracy import TRACES, load_series, packages
 from bench.ingest import machine_info, percentile, process_cpu_seconds
 from bench.provenance import code_version
 from contracts.settings import Settings
-from knowledge.store import Knowledge
+from knowledge import Knowledge, RedisKnowledge
 from stack.processes import Service, start_redis
 
 HERE = Path(__file__).resolve().parent
@@ -400,7 +400,7 @@ def pool_pids(forecasting: Forecasting) -> list[int]:
 
 async def measure(args: dict[str, Any], jobs: list[Job], models: dict[str, bytes], redis: Service) -> dict[str, Any]:
     settings = Settings(redis_url=f"redis://127.0.0.1:{redis.port}/0")
-    knowledge = Knowledge(settings, prefix="refitbench")
+    knowledge = RedisKnowledge(settings, prefix="refitbench")
     forecasting = Forecasting(knowledge, refit_workers=args["refit_workers"])
     probe = Probe()
     quiet = forecast_config(args["step_s"], args["horizon_s"], args["wape_threshold"], NO_REFIT_LOOPS, 60)

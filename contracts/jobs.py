@@ -159,3 +159,17 @@ def validate_overrides(settings: Settings, current: dict[str, str], changes: dic
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"invalid configuration: {problems}") from None
+
+
+# The stored overrides carry the version of their meaning. Version 1 (no field) named the default
+# policy `ds2`; since version 2, `ds2` is DS2 alone and the default is `default`.
+CONFIG_VERSION_FIELD = "_version"
+CONFIG_VERSION = "2"
+
+
+def stored_overrides(raw: dict[str, str]) -> dict[str, str]:
+    """A job's overrides as stored, in today's meaning (without the version field)."""
+    overrides = {k: v for k, v in raw.items() if k != CONFIG_VERSION_FIELD}
+    if raw.get(CONFIG_VERSION_FIELD) is None and overrides.get("policy") == "ds2":
+        overrides["policy"] = "default"
+    return overrides

@@ -128,7 +128,8 @@ class PlanState(BaseModel):
     pending_recovery: PendingRecovery | None = None
     rescale_decided_at: float | None = Field(None, description="Metric time of plan's own last rescale decision.")
     quota_bound: bool = False
-    needs_forecast: bool = Field(False, description="The job's policy plans with an arrival-rate forecast.")
+    needs_forecast: bool | None = Field(
+        None, description="Whether the job's policy plans with an arrival-rate forecast; None until plan says.")
     policy_state: dict[str, Any] = Field(
         default_factory=dict, description="A policy's own memory (e.g. a baseline's metric history), which "
         "that policy validates with its own model.")

@@ -27,8 +27,6 @@ from knowledge import Knowledge
 log = logging.getLogger("autoscaler.execute")
 
 OVERDUE_CHECK_S = 1.0
-# Windows measured at the old parallelism that plan may still drop after a rescale completes.
-STALE_WINDOW_BUDGET = 3
 
 
 def event_id(decision_id: str, step: str, code: str | None = None) -> str:
@@ -157,13 +155,12 @@ class ExecuteAgent:
             return
         decision, token = tracked
         completed = report.status is RunnerStatus.COMPLETED
-        await self.knowledge.set_state(
-            job, parallelism=report.running_parallelism, expected_parallelism=report.running_parallelism,
-            stale_budget=STALE_WINDOW_BUDGET, last_rescale_at=report.timestamp,
+        # The parallelism that runs, the stale windows to drop, and the measured restart.
+        up = report.to_parallelism > report.from_parallelism
+        await self.knowledge.record_rescale_end(
+            job, report.running_parallelism, report.timestamp,
+            report.downtime_s if completed else None, "up" if up else "down",
         )
-        if completed and report.downtime_s is not None:
-            up = report.to_parallelism > report.from_parallelism
-            await self.knowledge.record_downtime(job, "up" if up else "down", report.downtime_s)
         await self.emit(ScalingEvent(
             event_id=event_id(report.decision_id, "outcome"),
             decision_id=report.decision_id, job_id=job,

@@ -1,3 +1,8 @@
-from knowledge.store import Knowledge
+"""The knowledge base: `Knowledge` is what the stages ask of it (`knowledge.protocols`);
+`RedisKnowledge` is the deployed implementation, `MemoryKnowledge` the in-process one."""
 
-__all__ = ["Knowledge"]
+from knowledge.memory import MemoryKnowledge
+from knowledge.protocols import Knowledge
+from knowledge.redis_store import RedisKnowledge
+
+__all__ = ["Knowledge", "MemoryKnowledge", "RedisKnowledge"]

@@ -13,7 +13,7 @@ import pytest
 from contracts.dead_letters import DeadLetter
 from contracts.messages import MetricReport, OperatorMetrics, ScalingDecision, SourceMetrics
 from contracts.settings import Settings
-from knowledge.store import Knowledge
+from knowledge import RedisKnowledge
 from tests.conftest import AgentWorker
 from tests.integration.kafka_helpers import Collector, send
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 def register(settings: Settings, job: str, **overrides: str) -> None:
     async def go() -> None:
-        knowledge = Knowledge(settings)
+        knowledge = RedisKnowledge(settings)
         await knowledge.register_job(job, overrides)
         await knowledge.close()
 

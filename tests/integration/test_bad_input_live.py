@@ -20,7 +20,7 @@ import pytest
 from contracts.dead_letters import DeadLetter
 from contracts.messages import MetricReport, ScalingDecision
 from contracts.settings import Settings
-from knowledge.store import Knowledge
+from knowledge import RedisKnowledge
 from tests.conftest import AgentWorker, wait_until
 from tests.integration.kafka_helpers import Collector, producer, send
 from tests.integration.test_agents import prometheus_samples, register
@@ -185,7 +185,7 @@ def produce(settings: Settings, messages: list[Message]) -> dict[tuple[int, int]
 
 def counters(settings: Settings) -> dict[str, int]:
     async def go() -> dict[str, int]:
-        knowledge = Knowledge(settings)
+        knowledge = RedisKnowledge(settings)
         try:
             return await knowledge.counters()
         finally:

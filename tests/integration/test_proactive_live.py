@@ -25,7 +25,7 @@ from contracts.messages import (
     WorkerWindow,
 )
 from contracts.settings import Settings
-from knowledge.store import Knowledge
+from knowledge import RedisKnowledge
 from tests.conftest import start_agents, wait_until
 from tests.integration.kafka_helpers import Collector, send
 from tests.integration.test_agents import register
@@ -55,7 +55,7 @@ def window(job: str, i: int) -> MetricWindow:
 
 def snapshot(settings: Settings, job: str) -> tuple[dict[str, Any], ForecastState, bool]:
     async def read() -> tuple[dict[str, Any], ForecastState, bool]:
-        knowledge = Knowledge(settings)
+        knowledge = RedisKnowledge(settings)
         try:
             learned = await knowledge.learned(job)
             state_json, model = await knowledge.forecast(job)

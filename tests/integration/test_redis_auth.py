@@ -24,7 +24,7 @@ from contracts.messages import ScalingDecision
 from contracts.settings import Settings
 from infra.kafka import group_consumer_config
 from infra.security import redact
-from knowledge.store import Knowledge
+from knowledge import RedisKnowledge
 from stack.embedded import Stack
 from stack.processes import Service, free_port, spawn, start_redis, stop_pid, wait_for_port
 from tests.conftest import start_agents, unique_topics, wait_until
@@ -67,7 +67,7 @@ def test_knowledge_with_the_password_works(broker: Service, secured_redis: Servi
         settings = settings.model_copy(update={"redis_url": f"redis://:{password}@127.0.0.1:{secured_redis.port}/0"})
 
     async def go() -> tuple[set[str], int]:
-        knowledge = Knowledge(settings)
+        knowledge = RedisKnowledge(settings)
         try:
             await knowledge.register_job("auth-job", {"max_parallelism": "12"})
             return await knowledge.jobs(), (await knowledge.job_config("auth-job")).max_parallelism
@@ -86,7 +86,7 @@ def test_knowledge_without_the_right_password_fails_with_an_auth_error(
     settings = secured_settings(broker, secured_redis, wrong)
 
     async def go() -> None:
-        knowledge = Knowledge(settings)
+        knowledge = RedisKnowledge(settings)
         try:
             await knowledge.ping()
         finally:
@@ -137,7 +137,7 @@ def test_redis_tls_with_auth(broker: Service, password: str, tmp_path: Path) -> 
         settings = Settings(**base, redis_tls=True, redis_tls_ca_file=str(files["ca"]))
 
         async def go(s: Settings) -> set[str]:
-            knowledge = Knowledge(s)
+            knowledge = RedisKnowledge(s)
             try:
                 await knowledge.register_job("tls-job")
                 return await knowledge.jobs()

@@ -20,7 +20,7 @@ from bench.proactive_live import isolated_settings
 from contracts.messages import EventType, MetricReport, RescaleCommand, ScalingDecision, ScalingEvent, SourceMetrics
 from contracts.settings import Settings
 from infra.kafka import ensure_topics, kafka_client_config
-from knowledge.store import Knowledge
+from knowledge import RedisKnowledge
 
 # Tuned so that every window yields a decision and an overloaded job asks for more slots at once.
 EAGER = {"target_utilization": "1.0", "utilization_band": "0", "stabilization_windows": "0", "min_samples": "1",
@@ -35,7 +35,7 @@ def settings_for(broker_port: int, redis_port: int) -> Settings:
 
 def register(settings: Settings, jobs: list[str], **overrides: str) -> None:
     async def go() -> None:
-        knowledge = Knowledge(settings)
+        knowledge = RedisKnowledge(settings)
         for job in jobs:
             await knowledge.register_job(job, overrides)
         await knowledge.close()

@@ -1,0 +1,188 @@
+"""The knowledge base, split by concern: what each stage may ask of it.
+
+Two implementations keep the same behaviour: `RedisKnowledge` (deployed; several workers share it)
+and `MemoryKnowledge` (one process: unit tests and the evaluation). The behaviour tests in
+tests/knowledge_contract.py run against both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal, Protocol
+
+from contracts.jobs import JobConfig
+from contracts.plan_state import PlanState
+
+Stage = Literal["analyze", "plan"]
+
+# Per stage that commits windows: its per-job watermark and the history list that keeps its
+# messages (and serves as its outbox).
+WATERMARKS: dict[str, str] = {"analyze": "analyzed_until", "plan": "planned_until"}
+HISTORY: dict[str, str] = {"analyze": "rates", "plan": "decisions"}
+# How far back a redelivered window's message is looked for in the stage's history: a redelivery
+# reaches back only over windows whose offsets were not yet committed to the broker.
+REPUBLISH_SCAN = 16
+# Long past any redelivery (offsets not yet committed) or republication (recent windows).
+DECISION_MARKER_TTL_S = 24 * 3600
+
+
+class JobRegistry(Protocol):
+    """Registered jobs and their configuration (overrides of the settings' defaults)."""
+
+    async def register_job(self, job_id: str, overrides: dict[str, str] | None = None) -> JobConfig:
+        """Register (or re-register) a job with optional overrides; invalid ones raise ConfigError."""
+        ...
+
+    async def set_config(self, job_id: str, changes: dict[str, str]) -> JobConfig:
+        """Change a registered job's overrides; KeyError for an unknown job."""
+        ...
+
+    async def unset_config(self, job_id: str, keys: list[str]) -> JobConfig:
+        """Return settings to their defaults; KeyError for an unknown job."""
+        ...
+
+    async def config_overrides(self, job_id: str) -> dict[str, str]: ...
+
+    async def unregister_job(self, job_id: str) -> None:
+        """Forget the job and everything kept for it."""
+        ...
+
+    async def job_exists(self, job_id: str) -> bool: ...
+
+    async def jobs(self) -> set[str]: ...
+
+    async def job_config(self, job_id: str) -> JobConfig: ...
+
+
+class OpenWindows(Protocol):
+    """The monitor's open window per job, with the offsets already applied."""
+
+    async def load_windows(self, job_ids: Iterable[str]) -> dict[str, dict[str, Any]]: ...
+
+    async def save_windows(self, windows: dict[str, dict[str, Any]]) -> None: ...
+
+
+class AnalysisModels(Protocol):
+    """What analyze learns per job: true-rate history, capacity model and detector, forecast."""
+
+    async def last_valid_analysis(self, job_id: str, scan: int = 60) -> dict[str, Any] | None: ...
+
+    async def last_analysis(self, job_id: str) -> dict[str, Any] | None: ...
+
+    async def learned(self, job_id: str) -> dict[str, Any] | None:
+        """The capacity model and recovery detector (analyze.proactive.Learned as a dict)."""
+        ...
+
+    async def forecast(self, job_id: str) -> tuple[str | None, bytes | None]:
+        """The forecast state (JSON) and the model's bytes, written together by `save_forecast`."""
+        ...
+
+    async def save_forecast(self, job_id: str, state_json: str, model: bytes | None) -> None: ...
+
+
+class WindowCommits(Protocol):
+    """Analyze and plan commit everything a window taught them, with the message they publish, at once."""
+
+    async def window_done(self, job_id: str, stage: Stage, window_end: float) -> bool:
+        """Whether `stage` committed this window (or a later one)."""
+        ...
+
+    async def committed_message(self, job_id: str, stage: Stage, window_end: float) -> str | None:
+        """The message `stage` committed for this window, to publish again after a crash."""
+        ...
+
+    async def commit_window(
+        self,
+        job_id: str,
+        stage: Stage,
+        window_end: float,
+        message: str,
+        state_fields: dict[str, str] | None = None,
+        history: dict[str, str] | None = None,
+        values: dict[str, str] | None = None,
+    ) -> bool:
+        """Commit the window's message (into the stage's history), plan-state fields (JSON values,
+        only those that changed), other histories and values, atomically. False when the window
+        was already committed: a redelivery, or another worker got there first."""
+        ...
+
+
+class PlanStates(Protocol):
+    """The typed plan state: plan writes it every window, execute when a rescale ends."""
+
+    async def plan_state(self, job_id: str) -> PlanState:
+        """The job's plan state; an older stored form is migrated in place on first read."""
+        ...
+
+    async def record_rescale_end(
+        self, job_id: str, running: int, completed_at: float, downtime_s: float | None,
+        direction: Literal["up", "down"] | None,
+    ) -> PlanState:
+        """What execute records when a rescale ends (see `PlanState.after_rescale`)."""
+        ...
+
+
+class Decisions(Protocol):
+    """Plan's decisions and execute's events, and the markers that make execution idempotent."""
+
+    async def decisions(self, job_id: str, limit: int = 20) -> list[dict[str, Any]]: ...
+
+    async def events(self, job_id: str, limit: int = 20) -> list[dict[str, Any]]: ...
+
+    async def record_event(self, job_id: str, event_json: str, event_id: str | None = None) -> None:
+        """Keep the event in the job's history; with its id, remember that it was published."""
+        ...
+
+    async def event_published(self, job_id: str, event_id: str) -> bool: ...
+
+    async def decision_done(self, job_id: str, decision_id: str) -> bool: ...
+
+    async def mark_decision_done(self, job_id: str, decision_id: str) -> None: ...
+
+
+class Fencing(Protocol):
+    """One rescale per job at a time: a lock with a fencing token, and the rescale in flight."""
+
+    async def acquire_lock(self, job_id: str, decision_id: str, ttl_s: float) -> int | None:
+        """The lock's fencing token (it grows with every acquisition), or None when it is held."""
+        ...
+
+    async def lock_holder(self, job_id: str) -> tuple[int, str] | None: ...
+
+    async def release_lock(self, job_id: str, token: int, decision_id: str) -> bool:
+        """Release the lock only if the caller still holds it: a stale holder cannot free a newer lock."""
+        ...
+
+    async def track_rescale(self, job_id: str, decision: dict[str, Any], token: int, deadline: float) -> None: ...
+
+    async def inflight(self, job_id: str) -> tuple[dict[str, Any], int] | None: ...
+
+    async def finish_rescale(self, job_id: str) -> None: ...
+
+    async def claim_overdue(self, job_id: str) -> bool:
+        """True for exactly one caller: several execute workers may see the same overdue rescale."""
+        ...
+
+    async def overdue_rescales(self, now: float) -> list[str]: ...
+
+
+class SlotQuota(Protocol):
+    async def reserve_slots(self, job_id: str, current: int, wanted: int, quota: int, commit: bool) -> int:
+        """Slots granted to the job: up to `wanted` within what the other jobs' allocations leave of
+        `quota`, never fewer than `current`; `commit` records the grant as the job's allocation."""
+        ...
+
+
+class Counters(Protocol):
+    async def incr_counters(self, counts: dict[str, int]) -> None: ...
+
+    async def counters(self) -> dict[str, int]: ...
+
+
+class Knowledge(JobRegistry, OpenWindows, AnalysisModels, WindowCommits, PlanStates, Decisions, Fencing,
+                SlotQuota, Counters, Protocol):
+    """All of it, as a stage's agent and the command line use it."""
+
+    async def ping(self) -> bool: ...
+
+    async def close(self) -> None: ...

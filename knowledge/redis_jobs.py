@@ -1,0 +1,212 @@
+"""The Redis knowledge base, part one: jobs, open windows, analyze's models, window commits, plan state."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import redis.asyncio as aioredis
+
+from contracts.jobs import CONFIG_VERSION, CONFIG_VERSION_FIELD, JobConfig, stored_overrides, validate_overrides
+from contracts.plan_state import PLAN_STATE_VERSION, PlanState
+from knowledge.protocols import HISTORY, REPUBLISH_SCAN, WATERMARKS, Stage
+from knowledge.redis_base import RedisBase
+
+# The plan state's older form kept its measured downtimes in these lists, and analyze's last seen
+# parallelism in the state hash.
+OLD_DOWNTIME_LISTS = ("downtimes:up", "downtimes:down")
+OLD_FIELDS = ("parallelism_seen",)
+
+
+class RedisJobs(RedisBase):
+    # ---------------------------------------------------------------- registry and config
+
+    async def _overrides(self, job_id: str) -> dict[str, str]:
+        return stored_overrides(await self.redis.hgetall(self._key(job_id, "config")))
+
+    async def _store_overrides(self, job_id: str, overrides: dict[str, str]) -> None:
+        key = self._key(job_id, "config")
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.sadd(self._jobs_key, job_id)
+            pipe.delete(key)
+            pipe.hset(key, mapping={**overrides, CONFIG_VERSION_FIELD: CONFIG_VERSION})
+            await pipe.execute()
+
+    async def register_job(self, job_id: str, overrides: dict[str, str] | None = None) -> JobConfig:
+        merged = {**await self._overrides(job_id), **(overrides or {})}
+        config = validate_overrides(self.settings, merged, {})
+        await self._store_overrides(job_id, merged)
+        return config
+
+    async def set_config(self, job_id: str, changes: dict[str, str]) -> JobConfig:
+        if not await self.job_exists(job_id):
+            raise KeyError(f"unknown job {job_id!r}; register it first")
+        return await self.register_job(job_id, changes)
+
+    async def unset_config(self, job_id: str, keys: list[str]) -> JobConfig:
+        if not await self.job_exists(job_id):
+            raise KeyError(f"unknown job {job_id!r}; register it first")
+        kept = {k: v for k, v in (await self._overrides(job_id)).items() if k not in keys}
+        await self._store_overrides(job_id, kept)
+        return JobConfig.resolve(self.settings, kept)
+
+    async def config_overrides(self, job_id: str) -> dict[str, str]:
+        return await self._overrides(job_id)
+
+    async def unregister_job(self, job_id: str) -> None:
+        keys = [key async for key in self.redis.scan_iter(match=self._key(job_id, "*"), count=500)]
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.srem(self._jobs_key, job_id)
+            pipe.hdel(self._allocations_key, job_id)
+            if keys:
+                pipe.delete(*keys)
+            await pipe.execute()
+
+    async def job_exists(self, job_id: str) -> bool:
+        return bool(await self.redis.sismember(self._jobs_key, job_id))
+
+    async def jobs(self) -> set[str]:
+        return set(await self.redis.smembers(self._jobs_key))
+
+    async def job_config(self, job_id: str) -> JobConfig:
+        return JobConfig.resolve(self.settings, await self._overrides(job_id))
+
+    # ---------------------------------------------------------------- monitor: open windows
+
+    async def load_windows(self, job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        ids = list(job_ids)
+        if not ids:
+            return {}
+        raw = await self.redis.mget([self._key(job_id, "window") for job_id in ids])
+        return {job_id: json.loads(value) for job_id, value in zip(ids, raw, strict=True) if value}
+
+    async def save_windows(self, windows: dict[str, dict[str, Any]]) -> None:
+        if windows:
+            await self.redis.mset({self._key(job_id, "window"): json.dumps(state) for job_id, state in windows.items()})
+
+    # ---------------------------------------------------------------- analyze: models
+
+    async def last_valid_analysis(self, job_id: str, scan: int = 60) -> dict[str, Any] | None:
+        return next((item for item in await self._recent_json(job_id, "rates", scan) if item.get("valid")), None)
+
+    async def last_analysis(self, job_id: str) -> dict[str, Any] | None:
+        recent = await self._recent_json(job_id, "rates", 1)
+        return recent[0] if recent else None
+
+    async def learned(self, job_id: str) -> dict[str, Any] | None:
+        raw = await self.redis.get(self._key(job_id, "learned"))
+        return json.loads(raw) if raw else None
+
+    async def forecast(self, job_id: str) -> tuple[str | None, bytes | None]:
+        async with self._raw.pipeline(transaction=True) as pipe:
+            pipe.get(self._key(job_id, "forecast"))
+            pipe.get(self._key(job_id, "forecast-model"))
+            state, model = await pipe.execute()
+        return (state.decode() if state else None), model
+
+    async def save_forecast(self, job_id: str, state_json: str, model: bytes | None) -> None:
+        async with self._raw.pipeline(transaction=True) as pipe:
+            pipe.set(self._key(job_id, "forecast"), state_json)
+            if model is None:
+                pipe.delete(self._key(job_id, "forecast-model"))
+            else:
+                pipe.set(self._key(job_id, "forecast-model"), model)
+            await pipe.execute()
+
+    # ---------------------------------------------------------------- analyze and plan: one commit per window
+
+    async def window_done(self, job_id: str, stage: Stage, window_end: float) -> bool:
+        current = await self.redis.hget(self._key(job_id, "state"), WATERMARKS[stage])
+        return current is not None and float(current) >= window_end
+
+    async def committed_message(self, job_id: str, stage: Stage, window_end: float) -> str | None:
+        for item in await self.redis.lrange(self._key(job_id, HISTORY[stage]), 0, REPUBLISH_SCAN - 1):
+            if json.loads(item).get("window_end") == window_end:
+                return str(item)
+        return None
+
+    async def commit_window(
+        self,
+        job_id: str,
+        stage: Stage,
+        window_end: float,
+        message: str,
+        state_fields: dict[str, str] | None = None,
+        history: dict[str, str] | None = None,
+        values: dict[str, str] | None = None,
+    ) -> bool:
+        """See `knowledge.protocols.WindowCommits`. Committing before publishing, with the message
+        kept, means a crash in between republishes the same message (same decision id) instead of
+        losing it or deciding twice; the watermark is watched, so two workers commit a window once."""
+        state_key = self._key(job_id, "state")
+        history = {**(history or {}), HISTORY[stage]: message}
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(state_key)
+                    current = await pipe.hget(state_key, WATERMARKS[stage])
+                    if current is not None and float(current) >= window_end:
+                        await pipe.unwatch()
+                        return False
+                    pipe.multi()
+                    pipe.hset(state_key, WATERMARKS[stage], window_end)
+                    if state_fields:
+                        pipe.hset(state_key, mapping={**state_fields, "version": str(PLAN_STATE_VERSION)})
+                    for name, item in history.items():
+                        pipe.lpush(self._key(job_id, name), item)
+                        pipe.ltrim(self._key(job_id, name), 0, self.settings.history_length - 1)
+                    for name, item in (values or {}).items():
+                        pipe.set(self._key(job_id, name), item)
+                    await pipe.execute()
+                    return True
+                except aioredis.WatchError:
+                    continue
+
+    # ---------------------------------------------------------------- plan state
+
+    async def plan_state(self, job_id: str) -> PlanState:
+        state_key = self._key(job_id, "state")
+        lists = [self._key(job_id, name) for name in OLD_DOWNTIME_LISTS]
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(state_key, *lists)
+                    raw = await pipe.hgetall(state_key)
+                    if "version" in raw:
+                        await pipe.unwatch()
+                        return PlanState.load(raw)
+                    up, down = [[float(v) for v in reversed(await pipe.lrange(key, 0, -1))] for key in lists]
+                    state = PlanState.load(raw, {"up": up, "down": down})
+                    if not raw and not up and not down:
+                        await pipe.unwatch()
+                        return state  # a job never planned: nothing to migrate
+                    pipe.multi()
+                    pipe.hset(state_key, mapping=state.stored_fields())
+                    pipe.hdel(state_key, *OLD_FIELDS)
+                    pipe.delete(*lists)
+                    await pipe.execute()
+                    return state
+                except aioredis.WatchError:
+                    continue
+
+    async def record_rescale_end(
+        self, job_id: str, running: int, completed_at: float, downtime_s: float | None,
+        direction: Literal["up", "down"] | None,
+    ) -> PlanState:
+        state_key = self._key(job_id, "state")
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                before = await self.plan_state(job_id)
+                try:
+                    await pipe.watch(state_key)
+                    if PlanState.load(await pipe.hgetall(state_key)) != before:
+                        await pipe.unwatch()
+                        continue  # plan committed meanwhile: start again from its state
+                    after = before.after_rescale(running, completed_at, downtime_s, direction)
+                    pipe.multi()
+                    pipe.hset(state_key, mapping={**after.changed_fields(before), "version": str(PLAN_STATE_VERSION)})
+                    await pipe.execute()
+                    return after
+                except aioredis.WatchError:
+                    continue

@@ -1,0 +1,10 @@
+"""`RedisKnowledge`: the deployed knowledge base, shared by every worker (see `knowledge.protocols`)."""
+
+from __future__ import annotations
+
+from knowledge.redis_execution import RedisExecution
+from knowledge.redis_jobs import RedisJobs
+
+
+class RedisKnowledge(RedisJobs, RedisExecution):
+    """Every concern of `knowledge.protocols.Knowledge` on one Redis, under the key prefix `prefix`."""

@@ -1,0 +1,168 @@
+"""What every knowledge base must do, written once and run against each implementation:
+`MemoryKnowledge` in tests/unit/test_knowledge_memory.py, `RedisKnowledge` on a real redis-server in
+tests/integration/test_knowledge_redis.py. Each check gets a fresh job id and a knowledge base."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from contracts.jobs import ConfigError
+from contracts.plan_state import STALE_WINDOW_BUDGET, PlanState
+from knowledge import Knowledge
+
+Check = Callable[[Knowledge, str], Awaitable[None]]
+CHECKS: list[Check] = []
+
+
+def check(fn: Check) -> Check:
+    CHECKS.append(fn)
+    return fn
+
+
+@check
+async def registry_and_configuration(k: Knowledge, job: str) -> None:
+    assert not await k.job_exists(job)
+    with pytest.raises(KeyError):
+        await k.set_config(job, {"mode": "off"})
+    config = await k.register_job(job, {"max_parallelism": "12"})
+    assert config.max_parallelism == 12 and job in await k.jobs() and await k.job_exists(job)
+    assert (await k.set_config(job, {"mode": "recommend"})).mode.value == "recommend"
+    assert await k.config_overrides(job) == {"max_parallelism": "12", "mode": "recommend"}
+    with pytest.raises(ConfigError):
+        await k.set_config(job, {"target_utilization": "1.5"})
+    assert (await k.job_config(job)).target_utilization == 0.7  # nothing was changed
+    assert (await k.unset_config(job, ["mode"])).mode.value == "auto"
+    await k.unregister_job(job)
+    assert not await k.job_exists(job) and await k.config_overrides(job) == {}
+
+
+@check
+async def open_windows_round_trip(k: Knowledge, job: str) -> None:
+    assert await k.load_windows([job]) == {}
+    await k.save_windows({job: {"start": 10.0, "offsets": {"3": 7}}})
+    assert await k.load_windows([job, f"{job}-other"]) == {job: {"start": 10.0, "offsets": {"3": 7}}}
+
+
+@check
+async def a_window_commits_once_and_its_message_can_be_published_again(k: Knowledge, job: str) -> None:
+    message = json.dumps({"window_end": 1010.0, "decision_id": "a"})
+    assert not await k.window_done(job, "plan", 1010.0)
+    fields = PlanState(quota_bound=True).changed_fields(PlanState())
+    assert await k.commit_window(job, "plan", 1010.0, message, state_fields=fields)
+    # A crash here, before publishing: the redelivered window finds its decision, same id.
+    assert await k.window_done(job, "plan", 1010.0) and not await k.window_done(job, "analyze", 1010.0)
+    assert await k.committed_message(job, "plan", 1010.0) == message
+    assert not await k.commit_window(job, "plan", 1010.0, json.dumps({"window_end": 1010.0, "decision_id": "b"}))
+    assert not await k.commit_window(job, "plan", 1000.0, json.dumps({"window_end": 1000.0}))  # older: done
+    assert (await k.plan_state(job)).quota_bound is True
+    assert [d["decision_id"] for d in await k.decisions(job)] == ["a"]
+    # Two workers racing on the same window (a rebalance): exactly one commit wins.
+    rivals = [json.dumps({"window_end": 1020.0, "decision_id": f"r{i}"}) for i in range(8)]
+    won = await asyncio.gather(*(k.commit_window(job, "plan", 1020.0, m) for m in rivals))
+    assert sum(won) == 1
+    assert await k.committed_message(job, "plan", 1020.0) == rivals[won.index(True)]
+    assert await k.committed_message(job, "analyze", 1020.0) is None
+
+
+@check
+async def analyses_are_kept_newest_first_and_trimmed(k: Knowledge, job: str) -> None:
+    assert await k.last_analysis(job) is None and await k.last_valid_analysis(job) is None
+    limit = k.settings.history_length  # type: ignore[attr-defined]
+    for i in range(limit + 5):
+        analysis = json.dumps({"window_end": float(i), "valid": i == 3, "parallelism": i})
+        await k.commit_window(job, "analyze", float(i), analysis, values={"learned": json.dumps({"n": i})})
+    assert (await k.last_analysis(job) or {})["parallelism"] == limit + 4
+    assert await k.last_valid_analysis(job, scan=limit) is None  # window 3 was trimmed away
+    assert await k.learned(job) == {"n": limit + 4}
+    await k.save_forecast(job, '{"points": 3}', b"model")
+    assert await k.forecast(job) == ('{"points": 3}', b"model")
+    await k.save_forecast(job, '{"points": 4}', None)
+    assert await k.forecast(job) == ('{"points": 4}', None)
+
+
+@check
+async def plan_state_keeps_what_plan_and_execute_write_and_only_that(k: Knowledge, job: str) -> None:
+    assert await k.plan_state(job) == PlanState()
+    before = PlanState()
+    planned = before.updated({"window_parallelism": 2, "windows_at_parallelism": 3, "rescale_decided_at": 990.0})
+    assert await k.commit_window(job, "plan", 1000.0, json.dumps({"window_end": 1000.0}),
+                                 state_fields=planned.changed_fields(before))
+    ended = await k.record_rescale_end(job, 4, 1005.0, 21.5, "up")
+    assert (ended.parallelism, ended.expected_parallelism, ended.stale_budget) == (4, 4, STALE_WINDOW_BUDGET)
+    assert ended.downtimes.up == [21.5] and ended.window_parallelism == 2  # plan's fields kept
+    failed = await k.record_rescale_end(job, 4, 1009.0, None, "down")  # a failed rescale: no downtime
+    assert failed.downtimes.down == [] and failed.last_rescale_at == 1009.0
+    # Plan writes only what it changed: execute's fields survive a later plan commit.
+    later = failed.updated({"windows_at_parallelism": 4})
+    await k.commit_window(job, "plan", 1010.0, json.dumps({"window_end": 1010.0}),
+                          state_fields=later.changed_fields(failed))
+    stored = await k.plan_state(job)
+    assert stored == later and stored.parallelism == 4 and stored.downtimes.up == [21.5]
+
+
+@check
+async def events_and_decisions_are_marked_once(k: Knowledge, job: str) -> None:
+    assert not await k.decision_done(job, "d1") and not await k.event_published(job, "e1")
+    await k.record_event(job, json.dumps({"type": "started"}), "e1")
+    await k.record_event(job, json.dumps({"type": "completed"}))
+    assert await k.event_published(job, "e1") and not await k.event_published(job, "e2")
+    assert [e["type"] for e in await k.events(job)] == ["completed", "started"]
+    await k.mark_decision_done(job, "d1")
+    assert await k.decision_done(job, "d1")
+
+
+@check
+async def the_lock_fences_stale_holders(k: Knowledge, job: str) -> None:
+    first = await k.acquire_lock(job, "d1", ttl_s=30)
+    assert first is not None and await k.lock_holder(job) == (first, "d1")
+    assert await k.acquire_lock(job, "d2", ttl_s=30) is None  # held
+    assert not await k.release_lock(job, first, "d2")  # not its holder
+    assert await k.release_lock(job, first, "d1") and await k.lock_holder(job) is None
+    second = await k.acquire_lock(job, "d3", ttl_s=30)
+    assert second is not None and second > first  # tokens only grow
+    assert not await k.release_lock(job, first, "d1")  # a stale holder cannot free the newer lock
+    assert await k.lock_holder(job) == (second, "d3")
+
+
+@check
+async def the_lock_expires(k: Knowledge, job: str) -> None:
+    assert await k.acquire_lock(job, "d1", ttl_s=0.2) is not None
+    await asyncio.sleep(0.4)
+    assert await k.lock_holder(job) is None
+    assert await k.acquire_lock(job, "d2", ttl_s=30) is not None
+
+
+@check
+async def an_overdue_rescale_is_claimed_by_exactly_one_caller(k: Knowledge, job: str) -> None:
+    decision = {"decision_id": "d1", "from_parallelism": 2, "to_parallelism": 4}
+    await k.track_rescale(job, decision, 7, deadline=100.0)
+    assert await k.inflight(job) == (decision, 7)
+    assert job in await k.overdue_rescales(now=200.0) and job not in await k.overdue_rescales(now=50.0)
+    claims = await asyncio.gather(*(k.claim_overdue(job) for _ in range(4)))
+    assert sum(claims) == 1
+    await k.finish_rescale(job)
+    assert await k.inflight(job) is None and job not in await k.overdue_rescales(now=200.0)
+
+
+@check
+async def slot_reservations_respect_the_quota_and_what_a_job_holds(k: Knowledge, job: str) -> None:
+    other = f"{job}-other"
+    assert await k.reserve_slots(other, 4, 6, quota=10, commit=True) == 6
+    assert await k.reserve_slots(job, 2, 8, quota=10, commit=False) == 4  # 10 - 6
+    assert await k.reserve_slots(job, 5, 8, quota=10, commit=True) == 5  # never below what it runs
+    assert await k.reserve_slots(other, 6, 9, quota=10, commit=True) == 6  # 10 - 5, but keeps its 6
+    await k.unregister_job(job)
+    await k.unregister_job(other)
+
+
+@check
+async def counters_add_up(k: Knowledge, job: str) -> None:
+    before = (await k.counters()).get(f"{job}:n", 0)
+    await k.incr_counters({f"{job}:n": 2})
+    await k.incr_counters({f"{job}:n": 3, f"{job}:m": 1})
+    counts = await k.counters()
+    assert counts[f"{job}:n"] == before + 5 and counts[f"{job}:m"] == 1
