@@ -165,8 +165,12 @@ class PlanState(BaseModel):
 
     def changed_fields(self, before: PlanState) -> dict[str, str]:
         """The stored fields that differ from `before`: what a writer must store, and nothing else."""
-        old = before.stored_fields()
-        return {name: value for name, value in self.stored_fields().items() if old.get(name) != value}
+        changed = {name for name, field in PlanState.model_fields.items()
+                   if not field.exclude and getattr(self, name) != getattr(before, name)}
+        if not changed:
+            return {}
+        dumped = self.model_dump(mode="json", by_alias=True, include=changed)
+        return {name: json.dumps(value) for name, value in dumped.items()}
 
     @classmethod
     def load(cls, fields: Mapping[str, str], downtimes: Mapping[str, Sequence[float]] | None = None) -> PlanState:

@@ -5,10 +5,11 @@ would send (two per window); they go through the monitor's window folding (`moni
 analyze's true rates (`analyze.true_rates`) and, for policies that plan with a forecast, analyze's
 capacity model and recovery detector (`analyze.proactive`) with the arrival-rate forecasts
 analyze would publish (`evaluation.forecasts`). The policy then plans through the same planner
-step as the plan agent (`plan.step.decide`) on a plan state kept in memory, and a rescale it asks
-for restarts the model, paying its downtime and the replay since the last checkpoint, while the
-policy is told it is rescaling (one rescale at a time, as execute's lock enforces). When the
-restart ends, the plan state records it as execute does (`PlanState.after_rescale`).
+step as the plan agent (`plan.step.decide`), on a plan state kept in the in-memory knowledge base
+(`knowledge.MemoryKnowledge`). A rescale it asks for restarts the model, paying its downtime and the
+replay since the last checkpoint, while the policy is told it is rescaling (one rescale at a time,
+as execute's lock enforces). When the restart ends, the knowledge base records it as execute's
+does (`record_rescale_end`).
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from analyze.true_rates import analyze_window
 from contracts.jobs import JobConfig
 from contracts.messages import Action, Analysis
 from contracts.plan_state import PlanState
+from contracts.settings import Settings
 from evaluation.forecasts import ForecastStream
 from evaluation.jobmodel import DEMO_RATE_NOISE, EPOCH, JobModel, JobState, advance, report, rescale
 from evaluation.traces import Trace
+from knowledge.memory import MemoryKnowledge, run_now
 from monitor.windows import add_report, close_window
 from plan.policy import ScalingPolicy
-from plan.step import decide
+from plan.step import decide, to_decision
 
 WINDOW_S = 10.0  # the agents' default loop interval
 REPORTS_PER_WINDOW = 2  # the reporter's interval is half a window, so the backlog's growth is seen
@@ -38,20 +41,29 @@ EPSILON = 1e-9
 
 
 class PolicyRunner:
-    """A policy driven as the plan agent drives it: the planner step on a plan state kept in memory,
-    and the plan state updated as execute updates it when a rescale ends."""
+    """A policy driven as the plan agent drives it: each window, the planner step on the plan state
+    read from an in-memory knowledge base, and the decision committed there with the state's changed
+    fields; when a rescale ends, the plan state updated as execute updates it."""
 
-    def __init__(self, policy: ScalingPolicy, config: JobConfig) -> None:
+    def __init__(self, policy: ScalingPolicy, config: JobConfig, job_id: str = "eval") -> None:
         self.policy = policy
         self.config = config
         self.name = policy.name
-        self.state = PlanState()
+        self.job_id = job_id
+        self.knowledge = MemoryKnowledge(Settings())
         self.reasons: Counter[str] = Counter()
+
+    @property
+    def state(self) -> PlanState:
+        return run_now(self.knowledge.plan_state(self.job_id))
 
     def decide(self, analysis: Analysis, *, rescaling: bool) -> int | None:
         """The parallelism to rescale to, or None to hold."""
-        self.state, plan = decide(self.state.model_copy(update={"rescaling": rescaling}), analysis, self.config,
-                                  self.policy)
+        before = self.state
+        state, plan = decide(before.model_copy(update={"rescaling": rescaling}), analysis, self.config, self.policy)
+        message = to_decision(plan, analysis, self.config).model_dump_json()
+        run_now(self.knowledge.commit_window(self.job_id, "plan", analysis.window_end, message,
+                                             state_fields=state.changed_fields(before)))
         self.reasons[plan.reason.code] += 1
         if plan.action is Action.NONE or plan.to_parallelism == analysis.parallelism:
             return None
@@ -59,7 +71,7 @@ class PolicyRunner:
 
     def on_rescaled(self, from_parallelism: int, to_parallelism: int, downtime_s: float, completed_at: float) -> None:
         direction = "up" if to_parallelism > from_parallelism else "down"
-        self.state = self.state.after_rescale(to_parallelism, completed_at, downtime_s, direction)
+        run_now(self.knowledge.record_rescale_end(self.job_id, to_parallelism, completed_at, downtime_s, direction))
 
     def planned_capacity(self, analysis: Analysis) -> float | None:
         return self.policy.planned_capacity(analysis, self.config)

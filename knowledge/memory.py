@@ -12,13 +12,27 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, Literal, TypeVar
 
 from contracts.jobs import JobConfig, validate_overrides
 from contracts.plan_state import PLAN_STATE_VERSION, PlanState
 from contracts.settings import Settings
 from knowledge.protocols import DECISION_MARKER_TTL_S, HISTORY, REPUBLISH_SCAN, WATERMARKS, Stage
+
+
+T = TypeVar("T")
+
+
+def run_now(call: Coroutine[Any, Any, T]) -> T:
+    """Run one of `MemoryKnowledge`'s methods from synchronous code (the evaluation's simulator):
+    they never wait on anything, so the coroutine completes at its first step."""
+    try:
+        call.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    call.close()
+    raise RuntimeError("an in-memory knowledge base call waited on something")
 
 
 class MemoryKnowledge:

@@ -266,7 +266,7 @@ def test_its_memory_lives_in_the_plan_state_so_a_new_worker_continues() -> None:
     policy = compressed(metrics_window_s=60.0)
     run(policy, 10, 40)
     successor = compressed(metrics_window_s=60.0)
-    successor.runner.state = policy.runner.state  # as a restarted plan agent reads it from knowledge
+    successor.runner.knowledge = policy.runner.knowledge  # a restarted plan agent reads the same knowledge
     assert first_decision(run(successor, 50, 70)) == (70, 5)
 
 
