@@ -89,7 +89,9 @@ def run(
     except EntryPointNotAllowed as exc:
         raise typer.BadParameter(str(exc), param_hint="--entry") from None
 
-    from execute.runner import RunnerConfig, RunnerFatal, StartError, run_job
+    from execute.backend import RunnerFatal, StartError
+    from execute.runner import RunnerConfig, run_job
+    from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
@@ -108,10 +110,9 @@ def run(
     options = parse_pairs(option, "--option")
     if max_records_per_trigger:
         options["maxRecordsPerTrigger"] = str(max_records_per_trigger)
-    config = RunnerConfig(
+    job = SparkJobConfig(
         job_id=job_id,
         entry_point=entry,
-        parallelism=parallelism,
         checkpoint_dir=checkpoint_dir,
         master=master,
         bootstrap=bootstrap,
@@ -121,6 +122,14 @@ def run(
         report_interval_s=report_interval,
         stop_timeout_s=stop_timeout,
         start_timeout_s=start_timeout,
+        retries=retries,
+        settings=settings,
+    )
+    runner = RunnerConfig(
+        job_id=job_id,
+        parallelism=parallelism,
+        state_dir=checkpoint_dir,
+        bootstrap=bootstrap,
         retries=retries,
         max_parallelism=max_parallelism,
         listen=listen,
@@ -135,7 +144,7 @@ def run(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        run_job(config, stop)
+        run_job(runner, RestartFromCheckpoint(job), stop)
     except (StartError, RunnerFatal) as exc:
         logging.getLogger(__name__).error("the job is not running: %s", exc)
         raise typer.Exit(1) from exc

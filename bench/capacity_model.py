@@ -270,9 +270,9 @@ def run_scale_out(
     backlog_tolerance_s: float,
     max_utilization: float,
 ) -> tuple[Learned, ScaleOutResult]:
-    from execute.runner import JobRunner
     from infra.kafka import ensure_topic
     from pipeline.loadgen import Constant, Steps, generate_load
+    from pipeline.restart import RestartFromCheckpoint
     from stack.processes import start_broker
 
     wall = time.monotonic()
@@ -282,7 +282,7 @@ def run_scale_out(
         ensure_topic(bootstrap, INPUT, partitions)
         metrics = Metrics(bootstrap)
         with tempfile.TemporaryDirectory() as tmp:
-            job = JobRunner(job_config(bootstrap, p, cost_ms, Path(tmp)))  # the demo's 1 s trigger
+            job = RestartFromCheckpoint(job_config(bootstrap, cost_ms, Path(tmp)))  # the demo's 1 s trigger
             started_s = job.start(p)
             try:
                 # 1. Constant loads below saturation, the first one longer by the warm-up.

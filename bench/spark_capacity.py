@@ -25,9 +25,9 @@ from confluent_kafka import Consumer, TopicPartition
 
 from contracts.messages import MetricReport
 from contracts.settings import Settings, Topics
-from execute.runner import JobRunner, RunnerConfig
 from infra.kafka import ensure_topic
 from pipeline.loadgen import Constant, generate_load
+from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
 from stack.processes import start_broker
 
 app = typer.Typer(help=__doc__, no_args_is_help=True)
@@ -52,12 +52,11 @@ class Metrics:
         return self.reports
 
 
-def job_config(bootstrap: str, parallelism: int, cost_ms: float, directory: Path, **extra) -> RunnerConfig:
+def job_config(bootstrap: str, cost_ms: float, directory: Path, **extra) -> SparkJobConfig:
     settings = Settings(kafka_bootstrap=bootstrap, topic_partitions=1, topics=Topics(metrics=METRICS))
-    return RunnerConfig(
+    return SparkJobConfig(
         job_id="bench",
         entry_point="pipeline.demo:build",
-        parallelism=parallelism,
         checkpoint_dir=directory,
         bootstrap=bootstrap,
         options={"cost_ms": str(cost_ms), "input_topic": INPUT, "output_topic": OUTPUT},
@@ -104,7 +103,7 @@ def drain(
             generate_load(bootstrap, INPUT, Constant(50_000.0), duration_s=records / 50_000.0)
             metrics = Metrics(bootstrap)
             with tempfile.TemporaryDirectory() as tmp:
-                job = JobRunner(job_config(bootstrap, p, cost_ms, Path(tmp), trigger_interval_s=None))
+                job = RestartFromCheckpoint(job_config(bootstrap, cost_ms, Path(tmp), trigger_interval_s=None))
                 job.start(p)
                 while not metrics.reports or metrics.reports[-1].source is None or metrics.reports[-1].source.backlog:
                     metrics.poll(1.0)
@@ -132,7 +131,7 @@ def steady(
         ensure_topic(bootstrap, INPUT, partitions)
         metrics = Metrics(bootstrap)
         with tempfile.TemporaryDirectory() as tmp:
-            job = JobRunner(job_config(bootstrap, parallelism, cost_ms, Path(tmp)))
+            job = RestartFromCheckpoint(job_config(bootstrap, cost_ms, Path(tmp)))
             job.start(parallelism)
             began = time.time()
             load = threading.Thread(
@@ -166,7 +165,7 @@ def rescale(
     try:
         ensure_topic(bootstrap, INPUT, partitions)
         with tempfile.TemporaryDirectory() as tmp:
-            job = JobRunner(job_config(bootstrap, start, cost_ms, Path(tmp)))
+            job = RestartFromCheckpoint(job_config(bootstrap, cost_ms, Path(tmp)))
             job.start(start)
             load = threading.Thread(
                 target=generate_load,
@@ -179,7 +178,7 @@ def rescale(
             for target in targets:
                 time.sleep(warmup)
                 previous = job.parallelism
-                outcome = job.rescale(target)
+                outcome = job.apply(target)
                 typer.echo(json.dumps({"from": previous, "to": target,
                                        "ok": outcome.ok, "downtime_s": round(outcome.downtime_s or 0, 2),
                                        "rate": rate, "cost_ms": cost_ms}))

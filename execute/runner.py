@@ -1,34 +1,21 @@
-"""The job runner: runs one Spark Structured Streaming job and rescales it on command.
+"""The job runner: applies the rescale commands addressed to one job through its scaling backend.
 
-The runner owns a job's SparkSession. It starts the user's query from an entry point
-(`module:function`, see pipeline.job), attaches the metrics reporter, and listens on the commands
-topic for RescaleCommands addressed to its job. A rescale is:
-
-  1. graceful stop: create the pause file (the source admits no more data), wait until a trigger
-     has acknowledged the pause and none is active, then stop the query and the session;
-  2. start a new session with the new parallelism (local[N], or N one-core executors on a
-     standalone cluster) and restart the query from the same checkpoint;
-  3. downtime = from the stop request until the restarted query completed its first micro-batch;
-  4. if the new parallelism does not start (retried `retries` times), start the last good one again
-     and report the failure with `rolled_back_to`.
-
-Every command gets a RunnerReport `started`, then `completed` or `failed`. Commands with a fencing
-token lower than one already seen, older than `command_max_age_s`, or whose decision id was
-already applied are not executed; the applied decision ids live in the job's directory, so a
-restarted runner does not apply a decision twice (it re-publishes the recorded outcome instead).
+It keeps what does not depend on how the job is scaled (`execute.backend.ScalingBackend`): every
+command gets a RunnerReport `started`, then `completed` or `failed`. Commands with a fencing token
+lower than one already seen, older than `command_max_age_s`, or whose decision id was already
+applied are not executed; the applied decision ids live in the job's directory, so a restarted
+runner does not apply a decision twice (it re-publishes the recorded outcome instead). A job that
+dies is started again at its parallelism, a bounded number of times. The backend's measured
+downtimes are kept there too, so its expected costs survive a restart.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import queue
-import re
 import threading
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -37,53 +24,29 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from contracts.messages import RescaleCommand, RunnerReport, RunnerStatus
+from contracts.plan_state import Downtimes
 from contracts.settings import Settings, get_settings
-from infra.security import check_entry_point, kafka_security_config, redact
-from pipeline import offsets as off
-from pipeline.job import BuildFunction, JobContext, load_entry_point
-from pipeline.kafka_source import clear_pause, stop_between_batches
-from pipeline.metrics import sample_from_progress
-from pipeline.reporter import MetricsReporter, OutputCounter, attach_reporter
+from execute.backend import ActionCost, RunnerFatal, ScalingBackend, StartError
+from execute.commands import CommandConsumer, ReportPublisher
+from infra.kafka import ensure_topic
+from infra.security import kafka_security_config
 
 if TYPE_CHECKING:
-    from confluent_kafka import Consumer, Message, Producer
-    from pyspark.sql import SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from confluent_kafka import Message
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "runner-state.json"
-QUERY_DIR = "query"
-PAUSE_FILE = "pause"
 APPLIED_KEPT = 256
-
-
-class StartError(RuntimeError):
-    """The job did not start at the requested parallelism."""
-
-
-class RunnerFatal(RuntimeError):
-    """The job runs at no parallelism: even the rollback failed."""
-
-
-# ---------------------------------------------------------------- configuration
 
 
 @dataclass
 class RunnerConfig:
     job_id: str
-    entry_point: str
-    parallelism: int
-    checkpoint_dir: Path
-    master: str | None = None  # None: local[N]; or spark://host:port
+    parallelism: int  # the first start's; a restarted runner resumes at the last it applied
+    state_dir: Path  # where the runner keeps its state (the job's directory)
     bootstrap: str | None = None  # None: the autoscaler settings
-    options: dict[str, str] = field(default_factory=dict)
-    spark_conf: dict[str, str] = field(default_factory=dict)
-    trigger_interval_s: float | None = 1.0  # None: micro-batches back to back
-    report_interval_s: float = 5.0
-    stop_timeout_s: float = 60.0  # for the in-flight batch to finish
-    start_timeout_s: float = 120.0  # for the first micro-batch after a (re)start
-    retries: int = 2
+    retries: int = 2  # start attempts beyond the first
     max_parallelism: int | None = None  # commands above it fail without touching the job
     command_max_age_s: float | None = None  # None: the settings' rescale_timeout_s
     listen: bool = True  # consume RescaleCommands
@@ -95,7 +58,6 @@ class RunnerConfig:
 
     @property
     def kafka_security(self) -> dict[str, str]:
-        """SASL/SSL properties of the runner's and the job's Kafka clients, from the settings."""
         return kafka_security_config(self.settings)
 
     @property
@@ -103,70 +65,8 @@ class RunnerConfig:
         return self.command_max_age_s if self.command_max_age_s is not None else self.settings.rescale_timeout_s
 
     @property
-    def query_dir(self) -> Path:
-        return Path(self.checkpoint_dir) / QUERY_DIR
-
-    @property
-    def pause_file(self) -> Path:
-        return Path(self.checkpoint_dir) / PAUSE_FILE
-
-    @property
     def state_file(self) -> Path:
-        return Path(self.checkpoint_dir) / STATE_FILE
-
-
-def query_name(job_id: str) -> str:
-    return "job_" + re.sub(r"[^A-Za-z0-9_]", "_", job_id)
-
-
-# ---------------------------------------------------------------- pure policy
-
-
-def first_batch_done(progress: Mapping[str, Any] | Any | None) -> bool:
-    """Whether a restarted query is processing again: it read records, or had none to read."""
-    if progress is None:
-        return False
-    sample = sample_from_progress(progress)
-    if sample.input_rows > 0:
-        return True
-    return bool(sample.log_end) and off.backlog(sample.log_end, sample.processed) == 0
-
-
-@dataclass(frozen=True)
-class RescaleOutcome:
-    ok: bool
-    parallelism: int  # what runs now
-    attempts: int
-    errors: tuple[str, ...] = ()
-    rolled_back_to: int | None = None
-    downtime_s: float | None = None
-
-
-def rescale_with_rollback(
-    start: Callable[[int], object], target: int, last_good: int, retries: int
-) -> RescaleOutcome:
-    """Start `target`, trying 1 + retries times; failing that, start `last_good` the same way.
-
-    `start` raises StartError when a parallelism does not come up. Raises RunnerFatal when neither
-    starts.
-    """
-    errors: list[str] = []
-    attempts = 0
-    for candidate, is_target in ((target, True), (last_good, False)):
-        if not is_target and candidate == target:
-            break
-        for _ in range(1 + max(0, retries)):
-            attempts += 1
-            try:
-                start(candidate)
-            except StartError as exc:
-                errors.append(f"parallelism {candidate}: {exc}")
-                log.warning("start at parallelism %d failed: %s", candidate, exc)
-                continue
-            if is_target:
-                return RescaleOutcome(True, candidate, attempts, tuple(errors))
-            return RescaleOutcome(False, candidate, attempts, tuple(errors), rolled_back_to=candidate)
-    raise RunnerFatal("; ".join(errors))
+        return Path(self.state_dir) / STATE_FILE
 
 
 class Verdict(StrEnum):
@@ -186,6 +86,7 @@ class RunnerState:
     parallelism: int | None = None
     max_fencing_token: int | None = None
     applied: dict[str, dict[str, Any]] = field(default_factory=dict)  # decision id -> final report
+    downtimes: Downtimes = field(default_factory=Downtimes)  # what the backend measured, per direction
 
     def classify(
         self,
@@ -219,9 +120,8 @@ class RunnerState:
             self.applied.pop(next(iter(self.applied)))
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"parallelism": self.parallelism, "max_fencing_token": self.max_fencing_token, "applied": self.applied}
-        )
+        return json.dumps({"parallelism": self.parallelism, "max_fencing_token": self.max_fencing_token,
+                           "applied": self.applied, "downtimes": self.downtimes.model_dump()})
 
     @classmethod
     def from_json(cls, text: str) -> RunnerState:
@@ -230,6 +130,7 @@ class RunnerState:
             parallelism=data.get("parallelism"),
             max_fencing_token=data.get("max_fencing_token"),
             applied=dict(data.get("applied") or {}),
+            downtimes=Downtimes.model_validate(data.get("downtimes") or {}),
         )
 
     @classmethod
@@ -249,272 +150,12 @@ class RunnerState:
         os.replace(tmp, path)
 
 
-# ---------------------------------------------------------------- the job
-
-
-class JobRunner:
-    """Starts, stops and rescales one streaming query. Not thread-safe: drive it from one thread."""
-
-    def __init__(self, config: RunnerConfig, build: BuildFunction | None = None):
-        self.config = config
-        # Only entry points the configuration lists are imported (AUTOSCALER_JOB_ENTRY_POINTS).
-        self.build = build or load_entry_point(check_entry_point(config.entry_point, config.settings))
-        self.spark: SparkSession | None = None
-        self.query: StreamingQuery | None = None
-        self.reporter: MetricsReporter | None = None
-        self.parallelism: int | None = None
-        self.pausable = True
-        Path(config.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-
-    # ------------------------------------------------------------ start
-
-    def start(self, parallelism: int) -> float:
-        """Start the job at `parallelism`; return the seconds until its first micro-batch was done."""
-        began = time.monotonic()
-        self._clear_pause()
-        try:
-            self._start_session(parallelism)
-            self._start_query(parallelism)
-            self._wait_first_batch(began + self.config.start_timeout_s)
-        except Exception as exc:
-            self._teardown()
-            if isinstance(exc, StartError):
-                raise
-            raise StartError(f"{type(exc).__name__}: {exc}") from exc
-        self.parallelism = parallelism
-        took = time.monotonic() - began
-        log.info("job %s runs at parallelism %d (started in %.1f s)", self.config.job_id, parallelism, took)
-        return took
-
-    def _start_session(self, parallelism: int) -> None:
-        from pipeline.session import build_session, task_slots
-
-        self.spark = build_session(
-            parallelism,
-            self.config.master,
-            app_name=f"autoscaler-{self.config.job_id}",
-            extra_conf=self.config.spark_conf,
-        )
-        self.spark.sparkContext.setLogLevel("WARN")
-        if self.spark.sparkContext.master.startswith("spark://"):
-            # A cluster may grant fewer cores than asked; that parallelism did not start. The session
-            # already waited for the executors (maxRegisteredResourcesWaitingTime); a short grace.
-            deadline = time.monotonic() + min(10.0, self.config.start_timeout_s)
-            slots = task_slots(self.spark)
-            while slots < parallelism and time.monotonic() < deadline:
-                time.sleep(0.5)
-                slots = task_slots(self.spark)
-            if slots < parallelism:
-                raise StartError(f"the cluster granted {slots} of {parallelism} task slots")
-
-    def _start_query(self, parallelism: int) -> None:
-        assert self.spark is not None
-        options = {"minPartitions": str(parallelism), **self.config.options}
-        ctx = JobContext(
-            job_id=self.config.job_id,
-            parallelism=parallelism,
-            checkpoint_dir=str(self.config.checkpoint_dir),
-            pause_file=str(self.config.pause_file),
-            bootstrap=self.config.kafka_bootstrap,
-            options=options,
-            output=OutputCounter(),
-            kafka_security=self.config.kafka_security,
-        )
-        writer = self.build(self.spark, ctx)
-        writer = writer.option("checkpointLocation", str(self.config.query_dir)).queryName(
-            query_name(self.config.job_id)
-        )
-        if self.config.trigger_interval_s:
-            writer = writer.trigger(processingTime=f"{int(self.config.trigger_interval_s * 1000)} milliseconds")
-        self.query = writer.start()
-        self.pausable = ctx.pausable
-        self.reporter = attach_reporter(
-            self.spark,
-            self.query,
-            job_id=self.config.job_id,
-            parallelism=parallelism,
-            bootstrap=self.config.kafka_bootstrap,
-            topic=self.config.settings.topics.metrics,
-            min_interval_s=self.config.report_interval_s,
-            output_counter=ctx.output,
-            security=self.config.kafka_security,
-        )
-
-    def _wait_first_batch(self, deadline: float) -> None:
-        assert self.query is not None
-        while time.monotonic() < deadline:
-            if not self.query.isActive:
-                raise StartError(f"the query stopped: {self._query_error() or 'no error given'}")
-            if first_batch_done(self.query.lastProgress):
-                return
-            time.sleep(0.1)
-        raise StartError(f"no micro-batch completed within {self.config.start_timeout_s:.0f} s")
-
-    def _query_error(self) -> str | None:
-        if self.query is None:
-            return None
-        with contextlib.suppress(Exception):
-            exc = self.query.exception()
-            if exc is not None:
-                return str(exc).splitlines()[0][:500]
-        return None
-
-    # ------------------------------------------------------------ stop
-
-    def stop(self) -> None:
-        """Stop the query between micro-batches, then the session."""
-        began = time.monotonic()
-        if self.query is not None and self.query.isActive:
-            self._graceful_stop(self.query)
-        stopped = time.monotonic()
-        self._teardown()
-        self._clear_pause()
-        log.info("job %s stopped: query in %.1f s, session in %.1f s",
-                 self.config.job_id, stopped - began, time.monotonic() - stopped)
-
-    def _graceful_stop(self, query: StreamingQuery) -> None:
-        if self.pausable:
-            if not stop_between_batches(query, self.config.pause_file, self.config.stop_timeout_s):
-                log.warning("no trigger acknowledged the pause in %.0f s; stopped anyway",
-                            self.config.stop_timeout_s)
-            return
-        # A source that cannot pause: stop while no trigger runs; an interrupted batch is redone.
-        deadline = time.monotonic() + self.config.stop_timeout_s
-        while time.monotonic() < deadline and query.isActive and query.status.get("isTriggerActive", False):
-            time.sleep(0.05)
-        query.stop()
-
-    def _teardown(self) -> None:
-        if self.query is not None:
-            with contextlib.suppress(Exception):
-                if self.query.isActive:
-                    self.query.stop()
-        if self.reporter is not None:
-            with contextlib.suppress(Exception):
-                self.reporter.close()
-        if self.spark is not None:
-            with contextlib.suppress(Exception):
-                self.spark.stop()
-        self.query = None
-        self.reporter = None
-        self.spark = None
-
-    def _clear_pause(self) -> None:
-        clear_pause(self.config.pause_file)
-
-    # ------------------------------------------------------------ rescale
-
-    def rescale(self, target: int) -> RescaleOutcome:
-        """Stop gracefully and restart at `target` from the checkpoint, rolling back on failure."""
-        previous = self.parallelism
-        if previous is None:
-            raise RuntimeError("the job is not running")
-        requested = time.monotonic()
-        self.stop()
-        outcome = rescale_with_rollback(self.start, target, previous, self.config.retries)
-        downtime = time.monotonic() - requested
-        return RescaleOutcome(
-            outcome.ok, outcome.parallelism, outcome.attempts, outcome.errors, outcome.rolled_back_to, downtime
-        )
-
-    def healthy(self) -> bool:
-        return self.query is not None and self.query.isActive
-
-    def failure(self) -> str | None:
-        return self._query_error()
-
-
-# ---------------------------------------------------------------- Kafka plumbing
-
-
-class CommandConsumer:
-    """Polls the commands topic on its own thread, so that a long rescale never exceeds the poll
-    interval (which would make the broker drop the runner from its group)."""
-
-    def __init__(self, bootstrap: str, topic: str, job_id: str, security: Mapping[str, str] | None = None):
-        from confluent_kafka import Consumer
-
-        self.topic = topic
-        from infra.kafka import group_consumer_config
-
-        # Commands older than the runner's max age are dropped anyway; reading from the start
-        # means a command sent while the runner was (re)joining is not lost.
-        self.consumer: Consumer = Consumer(group_consumer_config(
-            bootstrap, f"autoscaler-runner-{job_id}", "earliest", security=security,
-            **{"heartbeat.interval.ms": 1_000},
-        ))
-        self.messages: queue.Queue[Message] = queue.Queue()
-        self._commits: queue.Queue[Message] = queue.Queue()
-        self._stop = threading.Event()
-        self.assigned = threading.Event()
-        self.consumer.subscribe([topic], on_assign=lambda c, parts: self.assigned.set())
-        self._thread = threading.Thread(target=self._run, name="runner-commands", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                msg = self.consumer.poll(0.2)
-                if msg is not None:
-                    if msg.error() is None:
-                        self.messages.put(msg)
-                    else:
-                        log.warning("commands topic: %s", msg.error())
-                while not self._commits.empty():
-                    self.consumer.commit(message=self._commits.get_nowait(), asynchronous=False)
-            except Exception:
-                log.exception("commands consumer")
-                time.sleep(0.5)
-
-    def get(self, timeout: float) -> Message | None:
-        try:
-            return self.messages.get(timeout=timeout)
-        except queue.Empty:
-            return None
-
-    def done(self, msg: Message) -> None:
-        self._commits.put(msg)
-
-    def close(self) -> None:
-        deadline = time.monotonic() + 5
-        while not self._commits.empty() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self._stop.set()
-        self._thread.join(5)
-        with contextlib.suppress(Exception):
-            self.consumer.close()
-
-
-class ReportPublisher:
-    def __init__(
-        self, bootstrap: str, topic: str, security: Mapping[str, str] | None = None, settings: Settings | None = None
-    ):
-        from confluent_kafka import Producer
-
-        self.topic = topic
-        self.settings = settings
-        self.producer: Producer = Producer(
-            {"bootstrap.servers": bootstrap, **(security or {}), "acks": "all", "linger.ms": 0}
-        )
-
-    def publish(self, report: RunnerReport) -> None:
-        if report.error:
-            # A report's error becomes a scaling event's: no secret may ride along.
-            report = report.model_copy(update={"error": redact(report.error, self.settings)})
-        self.producer.produce(self.topic, key=report.job_id.encode(), value=report.to_bytes())
-        if self.producer.flush(10):
-            log.error("runner report %s/%s not delivered", report.decision_id, report.status)
-
-
-# ---------------------------------------------------------------- the command loop
-
-
 class Runner:
-    """The job plus its command loop; `run()` blocks until `stop_event` is set."""
+    """A job's scaling backend plus the command loop; `run()` blocks until `stop_event` is set."""
 
-    def __init__(self, config: RunnerConfig, build: BuildFunction | None = None):
+    def __init__(self, config: RunnerConfig, backend: ScalingBackend):
         self.config = config
-        self.job = JobRunner(config, build)
+        self.job = backend
         self.state = RunnerState.load(config.state_file)
         self.publisher = ReportPublisher(
             config.kafka_bootstrap, config.settings.topics.runner_reports, config.kafka_security, config.settings
@@ -523,8 +164,6 @@ class Runner:
         self.restarts: list[float] = []
 
     def start(self) -> None:
-        from infra.kafka import ensure_topic
-
         topics = self.config.settings.topics
         for topic in (topics.metrics, topics.commands, topics.runner_reports):
             ensure_topic(self.config.kafka_bootstrap, topic, self.config.settings.topic_partitions,
@@ -637,13 +276,16 @@ class Runner:
         log.info("rescaling %s from %d to %d (decision %s)",
                  self.config.job_id, running, command.to_parallelism, command.decision_id)
         try:
-            outcome = self.job.rescale(command.to_parallelism)
+            outcome = self.job.apply(command.to_parallelism)
         except RunnerFatal as exc:
             report = self._report(command, RunnerStatus.FAILED, running, running, error=f"job not running: {exc}")
             self.state.record(report)
             self.state.save(self.config.state_file)
             self.publisher.publish(report)
             raise
+        if outcome.ok and outcome.downtime_s is not None:
+            direction = "up" if outcome.parallelism > running else "down"
+            self.state.downtimes = self.state.downtimes.add(direction, outcome.downtime_s)
         if outcome.ok:
             log.info("rescaled to %d; downtime %.2f s", outcome.parallelism, outcome.downtime_s or 0.0)
             return self._report(
@@ -682,6 +324,11 @@ class Runner:
             rolled_back_to=rolled_back_to,
         )
 
+    def expected_cost(self, target: int) -> ActionCost:
+        """What rescaling the running job to `target` is expected to cost, from what was measured."""
+        running = self.job.parallelism or self.config.parallelism
+        return self.job.expected_cost(running, target, self.state.downtimes)
+
     def close(self) -> None:
         if self.commands is not None:
             self.commands.close()
@@ -690,6 +337,6 @@ class Runner:
         self.publisher.producer.flush(10)
 
 
-def run_job(config: RunnerConfig, stop_event: threading.Event | None = None) -> None:
-    """Run a job and its command loop until `stop_event` is set (or forever)."""
-    Runner(config).run(stop_event or threading.Event())
+def run_job(config: RunnerConfig, backend: ScalingBackend, stop_event: threading.Event | None = None) -> None:
+    """Run a job's backend and its command loop until `stop_event` is set (or forever)."""
+    Runner(config, backend).run(stop_event or threading.Event())

@@ -14,7 +14,9 @@ from contracts.settings import Settings, Topics
 from execute.runner import Runner, RunnerConfig, RunnerState
 from infra.kafka import ensure_topic
 from pipeline import demo
+from pipeline.job import BuildFunction
 from pipeline.loadgen import Constant, generate_load
+from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
 from stack.processes import Service
 from tests.integration.spark_helpers import TopicReader, bootstrap_of, broker
 
@@ -33,26 +35,25 @@ def send(bootstrap: str, topic: str, decision_id: str, to_parallelism: int, fenc
     assert producer.flush(10) == 0
 
 
-def config_for(bootstrap: str, tmp_path: Path, **overrides) -> RunnerConfig:
+def config_for(bootstrap: str, tmp_path: Path, retries: int = 2, listen: bool = True) -> SparkJobConfig:
     # Topics of their own per test: the broker is shared by the module.
     prefix = tmp_path.name
     topics = Topics(
         metrics=f"{prefix}.metrics", commands=f"{prefix}.commands", runner_reports=f"{prefix}.runner-reports"
     )
     settings = Settings(kafka_bootstrap=bootstrap, topic_partitions=1, topics=topics)
-    values = {
-        "job_id": JOB,
-        "entry_point": "pipeline.demo:build",
-        "parallelism": 1,
-        "checkpoint_dir": tmp_path / "job",
-        "bootstrap": bootstrap,
-        "options": {"cost_ms": "2", "input_topic": f"{tmp_path.name}.in", "output_topic": f"{tmp_path.name}.out"},
-        "trigger_interval_s": 0.5,
-        "report_interval_s": 2.0,
-        "settings": settings,
-    }
-    values.update(overrides)
-    return RunnerConfig(**values)
+    return SparkJobConfig(
+        job_id=JOB, entry_point="pipeline.demo:build", checkpoint_dir=tmp_path / "job", bootstrap=bootstrap,
+        options={"cost_ms": "2", "input_topic": f"{tmp_path.name}.in", "output_topic": f"{tmp_path.name}.out"},
+        trigger_interval_s=0.5, report_interval_s=2.0, retries=retries, settings=settings,
+    )
+
+
+def runner_for(job: SparkJobConfig, listen: bool = True, build: BuildFunction | None = None) -> Runner:
+    """The job runner with the restart backend, as `autoscaler job run` composes them."""
+    config = RunnerConfig(job_id=job.job_id, parallelism=1, state_dir=job.checkpoint_dir, bootstrap=job.bootstrap,
+                          retries=job.retries, listen=listen, settings=job.settings)
+    return Runner(config, RestartFromCheckpoint(job, build))
 
 
 def test_runner_rescales_on_command_and_output_is_exactly_once(broker: Service, tmp_path: Path) -> None:
@@ -65,7 +66,7 @@ def test_runner_rescales_on_command_and_output_is_exactly_once(broker: Service, 
     metrics = TopicReader(bootstrap, topics.metrics)
     output = TopicReader(bootstrap, output_topic)
 
-    runner = Runner(config)
+    runner = runner_for(config)
     runner.start()
     stop = threading.Event()
     loop = threading.Thread(target=runner.run, args=(stop,), daemon=True)
@@ -116,7 +117,7 @@ def test_runner_rescales_on_command_and_output_is_exactly_once(broker: Service, 
     parallelisms = [MetricReport.model_validate_json(v).parallelism for v in metrics.values]
     assert parallelisms[0] == 1 and parallelisms[-1] == 3
 
-    state = RunnerState.load(config.state_file)
+    state = RunnerState.load(runner.config.state_file)
     assert state.parallelism == 3 and "d1" in state.applied and state.max_fencing_token == 1
 
 
@@ -129,10 +130,10 @@ def build_failing_above_two(spark, ctx):
 
 def test_runner_rolls_back_when_the_new_parallelism_does_not_start(broker: Service, tmp_path: Path) -> None:
     bootstrap = bootstrap_of(broker)
-    config = config_for(bootstrap, tmp_path, retries=1, listen=False)
+    config = config_for(bootstrap, tmp_path, retries=1)
     ensure_topic(bootstrap, config.options["input_topic"], 2)
     reports = TopicReader(bootstrap, config.settings.topics.runner_reports)
-    runner = Runner(config, build=build_failing_above_two)
+    runner = runner_for(config, listen=False, build=build_failing_above_two)
     runner.start()
     try:
         final = runner.handle(RescaleCommand(decision_id="up", job_id=JOB, to_parallelism=3, fencing_token=1))

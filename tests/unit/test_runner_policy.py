@@ -1,18 +1,14 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from contracts.messages import RescaleCommand, RunnerReport, RunnerStatus
-from execute.runner import (
-    APPLIED_KEPT,
-    RunnerFatal,
-    RunnerState,
-    StartError,
-    Verdict,
-    first_batch_done,
-    query_name,
-    rescale_with_rollback,
-)
+from contracts.plan_state import Downtimes
+from execute.backend import ActionCost, RunnerFatal, StartError, rescale_with_rollback, restart_cost
+from execute.runner import APPLIED_KEPT, RunnerState, Verdict
+from pipeline.restart import first_batch_done, query_name
 
 
 def command(decision: str = "d1", token: int = 5, to: int = 3, job: str = "orders", issued: float = 1000.0):
@@ -121,3 +117,22 @@ def test_first_batch_done() -> None:
 
 def test_query_name_is_an_identifier() -> None:
     assert query_name("orders.v2:eu-1") == "job_orders_v2_eu_1"
+
+
+def test_a_restart_is_expected_to_cost_what_was_measured_in_its_direction() -> None:
+    measured = Downtimes()
+    assert restart_cost(2, 2, measured, 30.0, 1.0) == ActionCost(pause_s=0.0)
+    assert restart_cost(2, 4, measured, 30.0, 1.0) == ActionCost(pause_s=30.0, replay_s=1.0)  # nothing measured
+    measured = measured.add("up", 22.0).add("up", 25.0).add("down", 12.0)
+    assert restart_cost(2, 4, measured, 30.0, 1.0).pause_s == 25.0  # the longest recent one
+    assert restart_cost(4, 2, measured, 30.0, 1.0).pause_s == 12.0
+
+
+def test_the_measured_downtimes_survive_a_runner_restart_and_old_state_files_load(tmp_path) -> None:
+    path = tmp_path / "runner-state.json"
+    state = RunnerState(parallelism=2, downtimes=Downtimes().add("up", 21.0))
+    state.save(path)
+    assert RunnerState.load(path).downtimes.up == [21.0]
+    path.write_text(json.dumps({"parallelism": 3, "max_fencing_token": 4, "applied": {}}))  # before costs
+    old = RunnerState.load(path)
+    assert (old.parallelism, old.max_fencing_token, old.downtimes) == (3, 4, Downtimes())

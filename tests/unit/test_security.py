@@ -334,7 +334,7 @@ def test_until_done_logs_redis_errors_redacted(caplog: pytest.LogCaptureFixture)
 
 
 def test_runner_reports_are_redacted_before_publishing() -> None:
-    from execute.runner import ReportPublisher
+    from execute.commands import ReportPublisher
 
     settings = Settings(redis_password=PASSWORD)
     publisher = ReportPublisher("127.0.0.1:1", "reports", settings=settings)
@@ -373,13 +373,13 @@ def test_entry_points_from_env(monkeypatch: pytest.MonkeyPatch, value: str) -> N
 
 
 def test_runner_refuses_an_unlisted_entry_point_before_importing_it(tmp_path: Path) -> None:
-    from execute.runner import JobRunner, RunnerConfig
+    from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
 
-    config = RunnerConfig(job_id="j", entry_point="no_such_module_anywhere:build", parallelism=1,
-                          checkpoint_dir=tmp_path, settings=Settings())
+    config = SparkJobConfig(job_id="j", entry_point="no_such_module_anywhere:build", checkpoint_dir=tmp_path,
+                            settings=Settings())
     # Refused by name: an import attempt would have raised ModuleNotFoundError instead.
     with pytest.raises(EntryPointNotAllowed, match="AUTOSCALER_JOB_ENTRY_POINTS"):
-        JobRunner(config)
+        RestartFromCheckpoint(config)
 
 
 def test_job_cli_refuses_an_unlisted_entry_point(tmp_path: Path) -> None:
