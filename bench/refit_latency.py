@@ -39,9 +39,8 @@ from analyze.arima import ForecastConfig, fit_model, load_model, update_model
 from analyze.forecast import ForecastState
 from analyze.forecasting import Forecasting
 from analyze.proactive import forecast_config
+from bench.common import code_version, machine_info, percentile, process_cpu_seconds
 from bench.forecast_accuracy import TRACES, load_series, packages
-from bench.ingest import machine_info, percentile, process_cpu_seconds
-from bench.provenance import code_version
 from contracts.settings import Settings
 from knowledge import Knowledge, RedisKnowledge
 from stack.processes import Service, start_redis

@@ -2,7 +2,7 @@
 end through the agents, measured as the simulated runs are, beside the simulation of the same replay.
 
 Starts its own broker and Redis, the four agents, the demo job (local Spark) and the load generator
-(`bench.proactive_live.run_live`). The load generator replays the same rows, mapped onto the same
+(`stack.live.run_live`). The load generator replays the same rows, mapped onto the same
 rates, as the simulator's `load_trace`; the simulator then replays them through the job model, and
 the two sets of measures are printed side by side with their relative difference.
 """
@@ -21,7 +21,6 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from bench.proactive_live import LiveRun, isolated_settings, run_live
 from contracts.messages import EventType
 from evaluation.forecasts import forecast_stream
 from evaluation.jobmodel import demo_model
@@ -29,7 +28,9 @@ from evaluation.simulator import WINDOW_S, PolicyRunner, simulate
 from evaluation.suite import eval_config
 from evaluation.traces import NATIVE_ROW_SECONDS, TRACE_FILES, TRACES, load_trace
 from plan.registry import make_policy, policy_class
+from stack.live import LiveRun, run_live
 from stack.processes import start_broker, start_redis, stop_pid
+from stack.services import isolated_settings
 
 if TYPE_CHECKING:
     from evaluation.suite import EvalSettings

@@ -20,7 +20,6 @@ from contracts.plan_state import PLAN_STATE_VERSION, PlanState
 from contracts.settings import Settings
 from knowledge.protocols import DECISION_MARKER_TTL_S, HISTORY, REPUBLISH_SCAN, WATERMARKS, Stage
 
-
 T = TypeVar("T")
 
 

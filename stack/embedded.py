@@ -1,5 +1,7 @@
 """The embedded stack: a Kafka-protocol broker, Redis and the agents on one machine, no Docker.
 
+`autoscaler stack up` starts the parts with `stack.processes` and `stack.services`.
+
 `up` records what it started in a state file; `down` stops exactly those processes (by their
 process groups) and nothing else, so an existing Redis that was merely used is left running.
 """
@@ -8,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -23,7 +24,8 @@ from rich.table import Table
 from contracts.settings import Settings
 from infra.kafka import ensure_topics
 from infra.security import redact, redis_client_kwargs
-from stack.processes import pid_alive, port_open, spawn, start_broker, start_redis, stop_pid
+from stack.processes import pid_alive, port_open, start_broker, start_redis, stop_pid
+from stack.services import start_agents
 
 
 def state_dir() -> Path:
@@ -84,8 +86,8 @@ class Stack:
 
         ensure_topics(self.settings)
         if with_agents and not self._alive(state.get("agents")):
-            process = spawn("agents", [sys.executable, "-m", "agent", "agents"], logs / "agents.log")
-            state["agents"] = {"pid": process.pid, "port": self.settings.web_port}
+            worker = start_agents(self.settings, logs / "agents.log", timeout=timeout)
+            state["agents"] = {"pid": worker.process.pid, "port": worker.web_port}
             self._save(state)
             self.wait_ready(timeout)
             console.print(f"agents ready: /metrics and /ready on port {self.settings.web_port}")

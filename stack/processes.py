@@ -98,8 +98,10 @@ def pid_alive(pid: int) -> bool:
 
 
 def spawn(
-    name: str, argv: Sequence[str], log_path: Path | None, env: dict[str, str] | None = None
+    name: str, argv: Sequence[str], log_path: Path | None, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.Popen[bytes]:
+    """`argv` as a child in its own session (so stopping it never touches another process), its
+    output appended to `log_path`, with `env` over this process's environment."""
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
     try:
         return subprocess.Popen(
@@ -109,6 +111,7 @@ def spawn(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             env={**os.environ, **(env or {})},
+            cwd=cwd,
         )
     finally:
         if log_path:

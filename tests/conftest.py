@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from contracts.settings import Settings, Topics, settings_env
-from stack.processes import Service, free_port, start_broker, start_redis, stop_pid, wait_for_port
+from contracts.settings import Settings, Topics
+from stack.processes import Service, free_port, start_broker, start_redis
+from stack.services import AgentWorker, start_agents
 
 
 @pytest.fixture(scope="session")
@@ -48,37 +45,6 @@ def settings(broker: Service, redis_service: Service) -> Settings:
         web_port=free_port(),
         loop_interval_s=10.0,
     )
-
-
-@dataclass
-class AgentWorker:
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    web_port: int
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        stop_pid(self.process.pid, timeout=15, process=self.process)
-
-
-def start_agents(settings: Settings, log_path: Path, stages: list[str] | None = None, **env: str) -> AgentWorker:
-    argv = [sys.executable, "-m", "agent", "agents"]
-    for stage in stages or []:
-        argv += ["--stage", stage]
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, **settings_env(settings), **env},
-        )
-    worker = AgentWorker(process, log_path, int(env.get("AUTOSCALER_WEB_PORT", settings.web_port)))
-    try:
-        wait_for_port("127.0.0.1", worker.web_port, timeout=60)
-    except TimeoutError:
-        worker.stop()
-        raise AssertionError(f"agents did not start:\n{worker.log()[-3000:]}") from None
-    return worker
 
 
 @pytest.fixture

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +17,7 @@ import pytest
 from contracts.messages import Analysis, EventType, ScalingDecision, ScalingEvent
 from contracts.settings import Settings
 from stack.processes import stop_pid
-from tests.conftest import settings_env, start_agents
+from stack.services import start_agents, start_job_runner, start_load
 from tests.integration.kafka_helpers import Collector
 from tests.integration.spark_helpers import TopicReader
 from tests.integration.test_agents import register
@@ -32,17 +29,10 @@ LOW_RATE, LOW_SECONDS = 100, 120
 EXPECTED_SLOTS = 4
 
 
-def spawn(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "agent", *argv], stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, env={**os.environ, **env})
-
-
 def test_demo_job_scales_out_to_ds2_parallelism_keeps_up_scales_in_and_loses_nothing(
     settings: Settings, tmp_path: Path
 ) -> None:
     settings = settings.model_copy(update={"loop_interval_s": 5.0})
-    env = settings_env(settings)
     run = settings.topics.metrics.split(".")[0]
     input_topic, output_topic = f"{run}.demo.input", f"{run}.demo.output"
     agents = start_agents(settings, tmp_path / "agents.log")
@@ -52,13 +42,10 @@ def test_demo_job_scales_out_to_ds2_parallelism_keeps_up_scales_in_and_loses_not
              scale_down_delay_s="20")
     collectors = {name: Collector(settings, getattr(settings.topics, name))
                   for name in ("analyses", "decisions", "scaling_events")}
-    runner = spawn(["job", "run", "--job-id", "demo", "--checkpoint-dir", str(tmp_path / "job"),
-                    "--parallelism", "1", "--max-parallelism", "8", "--option", "cost_ms=4",
-                    "--option", f"input_topic={input_topic}", "--option", f"output_topic={output_topic}"],
-                   tmp_path / "runner.log", env)
-    load = spawn(["load", "run", "--shape", f"steps:{HIGH_RATE}:{HIGH_SECONDS},{LOW_RATE}:{LOW_SECONDS}",
-                  "--topic", input_topic, "--partitions", "4", "--bootstrap", settings.kafka_bootstrap],
-                 tmp_path / "load.log", env)
+    runner = start_job_runner(settings, "demo", tmp_path / "job", tmp_path / "runner.log", max_parallelism=8,
+                              options={"cost_ms": "4", "input_topic": input_topic, "output_topic": output_topic})
+    load = start_load(settings, input_topic, tmp_path / "load.log",
+                      ["--shape", f"steps:{HIGH_RATE}:{HIGH_SECONDS},{LOW_RATE}:{LOW_SECONDS}"])
     load_started = time.time()
     try:
         deadline = time.monotonic() + HIGH_SECONDS + LOW_SECONDS + 60

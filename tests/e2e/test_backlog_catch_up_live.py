@@ -16,8 +16,7 @@ import pytest
 from contracts.messages import Analysis, EventType, ScalingDecision, ScalingEvent
 from contracts.settings import Settings
 from stack.processes import stop_pid
-from tests.conftest import settings_env, start_agents
-from tests.e2e.test_autoscale_live import spawn
+from stack.services import start_agents, start_job_runner, start_load
 from tests.integration.kafka_helpers import Collector
 from tests.integration.spark_helpers import TopicReader
 from tests.integration.test_agents import register
@@ -33,7 +32,6 @@ def test_a_burst_backlog_is_drained_within_the_catch_up_duration_after_one_scale
     settings: Settings, tmp_path: Path
 ) -> None:
     settings = settings.model_copy(update={"loop_interval_s": 5.0})
-    env = settings_env(settings)
     run = settings.topics.metrics.split(".")[0]
     input_topic, output_topic = f"{run}.burst.input", f"{run}.burst.output"
     agents = start_agents(settings, tmp_path / "agents.log")
@@ -41,13 +39,10 @@ def test_a_burst_backlog_is_drained_within_the_catch_up_duration_after_one_scale
              scale_down_delay_s="30")
     collectors = {name: Collector(settings, getattr(settings.topics, name))
                   for name in ("analyses", "decisions", "scaling_events")}
-    runner = spawn(["job", "run", "--job-id", "burst", "--checkpoint-dir", str(tmp_path / "job"),
-                    "--parallelism", "1", "--max-parallelism", "8", "--option", "cost_ms=4",
-                    "--option", f"input_topic={input_topic}", "--option", f"output_topic={output_topic}"],
-                   tmp_path / "runner.log", env)
+    runner = start_job_runner(settings, "burst", tmp_path / "job", tmp_path / "runner.log", max_parallelism=8,
+                              options={"cost_ms": "4", "input_topic": input_topic, "output_topic": output_topic})
     shape = f"steps:{BASE_RATE}:{WARM_S},{BURST_RATE}:{BURST_S},{BASE_RATE}:{AFTER_S}"
-    load = spawn(["load", "run", "--shape", shape, "--topic", input_topic, "--partitions", "4",
-                  "--bootstrap", settings.kafka_bootstrap], tmp_path / "load.log", env)
+    load = start_load(settings, input_topic, tmp_path / "load.log", ["--shape", shape])
     load_started = time.time()
     try:
         deadline = time.monotonic() + WARM_S + BURST_S + AFTER_S + 60

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.proactive_live import run_live
 from contracts.messages import EventType
 from contracts.settings import Settings
+from stack.live import run_live
 
 TRACE = Path(__file__).resolve().parents[2] / "bench" / "traces" / "sine_60000_6h.csv"
 # One sine period is 10,800 rows (3 h at 1 s). From the trough (row 8,100) over the peak (13,500) to

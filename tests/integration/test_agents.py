@@ -14,7 +14,7 @@ from contracts.dead_letters import DeadLetter
 from contracts.messages import MetricReport, OperatorMetrics, ScalingDecision, SourceMetrics
 from contracts.settings import Settings
 from knowledge import RedisKnowledge
-from tests.conftest import AgentWorker
+from stack.services import AgentWorker
 from tests.integration.kafka_helpers import Collector, send
 
 pytestmark = pytest.mark.integration
@@ -133,14 +133,14 @@ def test_bad_input_is_dead_lettered_with_a_reason_and_the_agents_keep_running(
 
 def test_each_stage_in_its_own_process_with_two_monitor_workers(settings: Settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from stack.processes import free_port
-    from tests.conftest import start_agents
+    from stack.services import start_agents
 
     workers = []
     try:
         for stage in ("monitor", "monitor", "analyze", "plan", "execute"):
             port = free_port()
             workers.append(start_agents(settings, tmp_path / f"{stage}-{port}.log", [stage],
-                                        AUTOSCALER_WEB_PORT=str(port)))
+                                        env={"AUTOSCALER_WEB_PORT": str(port)}))
         jobs = [f"job-{i}" for i in range(8)]
         for job in jobs:
             register(settings, job, per_operator="true", target_utilization="1.0", utilization_band="0",

@@ -21,7 +21,8 @@ from contracts.dead_letters import DeadLetter
 from contracts.messages import MetricReport, ScalingDecision
 from contracts.settings import Settings
 from knowledge import RedisKnowledge
-from tests.conftest import AgentWorker, wait_until
+from stack.services import AgentWorker
+from tests.conftest import wait_until
 from tests.integration.kafka_helpers import Collector, producer, send
 from tests.integration.test_agents import prometheus_samples, register
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from contracts.messages import EventType, MetricReport, ScalingDecision, ScalingEvent, SourceMetrics
-from contracts.settings import Settings
-from tests.conftest import AgentWorker, settings_env, start_agents
+from contracts.settings import Settings, settings_env
+from stack.services import AgentWorker, start_agents
 from tests.integration.kafka_helpers import Collector, send
 from tests.integration.test_agents import prometheus_samples, register
 
@@ -78,7 +78,7 @@ def test_noisy_steady_load_for_30_minutes_of_metric_time_leads_to_no_scaling_act
 
 
 def test_quota_trims_a_scale_up_and_tells_subscribers(settings: Settings, tmp_path: Path) -> None:
-    worker = start_agents(settings, tmp_path / "agents.log", AUTOSCALER_SLOT_QUOTA="8")
+    worker = start_agents(settings, tmp_path / "agents.log", env={"AUTOSCALER_SLOT_QUOTA": "8"})
     try:
         first, second = (f"quota-{name}-{uuid.uuid4().hex[:6]}" for name in ("a", "b"))
         neutral = {"stabilization_windows": "0", "min_samples": "1", "restart_time_s": "0",

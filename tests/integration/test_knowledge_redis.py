@@ -19,7 +19,9 @@ pytestmark = pytest.mark.integration
 @pytest.mark.parametrize("check", CHECKS, ids=[c.__name__ for c in CHECKS])
 def test_redis_knowledge(check: Check, settings: Settings) -> None:
     async def go() -> None:
-        knowledge = RedisKnowledge(settings.model_copy(update={"history_length": 20}))
+        # A key prefix of its own: the quota and the counters are shared by every job under a prefix.
+        knowledge = RedisKnowledge(settings.model_copy(update={"history_length": 20}),
+                                   prefix=f"test-{uuid.uuid4().hex[:6]}")
         job = f"job-{uuid.uuid4().hex[:6]}"
         try:
             await check(knowledge, job)

@@ -26,7 +26,8 @@ from contracts.messages import (
 )
 from contracts.settings import Settings
 from knowledge import RedisKnowledge
-from tests.conftest import start_agents, wait_until
+from stack.services import start_agents
+from tests.conftest import wait_until
 from tests.integration.kafka_helpers import Collector, send
 from tests.integration.test_agents import register
 

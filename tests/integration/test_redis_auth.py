@@ -27,7 +27,8 @@ from infra.security import redact
 from knowledge import RedisKnowledge
 from stack.embedded import Stack
 from stack.processes import Service, free_port, spawn, start_redis, stop_pid, wait_for_port
-from tests.conftest import start_agents, unique_topics, wait_until
+from stack.services import start_agents
+from tests.conftest import unique_topics, wait_until
 from tests.integration.kafka_helpers import Collector, send
 from tests.integration.test_agents import register, three_operator_reports
 

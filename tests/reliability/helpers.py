@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from bench.proactive_live import isolated_settings
 from contracts.messages import EventType, MetricReport, RescaleCommand, ScalingDecision, ScalingEvent, SourceMetrics
 from contracts.settings import Settings
 from infra.kafka import ensure_topics, kafka_client_config
 from knowledge import RedisKnowledge
+from stack.services import isolated_settings
 
 # Tuned so that every window yields a decision and an overloaded job asks for more slots at once.
 EAGER = {"target_utilization": "1.0", "utilization_band": "0", "stabilization_windows": "0", "min_samples": "1",

@@ -12,7 +12,8 @@ import pytest
 
 from contracts.settings import Settings
 from stack.processes import free_port
-from tests.conftest import start_agents, wait_until
+from stack.services import start_agents
+from tests.conftest import wait_until
 from tests.reliability.helpers import EAGER, Ledger, ReportStream, audit, missing_decisions, register
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
@@ -24,7 +25,7 @@ def test_a_killed_worker_loses_no_decision_and_executes_none_twice(settings: Set
     # No job runner answers, so each rescale fails after 3 s and plan asks again: many executions.
     env = {"AUTOSCALER_RESCALE_TIMEOUT_S": "3"}
     ports = [free_port(), free_port()]
-    workers = [start_agents(settings, tmp_path / f"worker-{port}.log", AUTOSCALER_WEB_PORT=str(port), **env)
+    workers = [start_agents(settings, tmp_path / f"worker-{port}.log", env={"AUTOSCALER_WEB_PORT": str(port), **env})
                for port in ports]
     ledger = Ledger(settings)
     try:

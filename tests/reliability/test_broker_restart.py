@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from stack.processes import Service, free_port, start_broker
-from tests.conftest import start_agents, wait_until
+from stack.services import start_agents
+from tests.conftest import wait_until
 from tests.integration.test_agents import accepted_reports, prometheus_samples
 from tests.reliability.helpers import EAGER, Ledger, ReportStream, readiness, register, settings_for
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from stack.processes import Service, free_port, start_redis
-from tests.conftest import start_agents, wait_until
+from stack.services import start_agents
+from tests.conftest import wait_until
 from tests.reliability.helpers import (
     EAGER,
     Ledger,

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -27,10 +26,11 @@ from contracts.messages import (
     RunnerStatus,
     ScalingDecision,
 )
-from contracts.settings import Settings, settings_env
+from contracts.settings import Settings
 from infra.kafka import ensure_topic
-from stack.processes import free_port, spawn, stop_pid
-from tests.conftest import start_agents, wait_until
+from stack.processes import free_port, stop_pid
+from stack.services import start_agents, start_job_runner
+from tests.conftest import wait_until
 from tests.integration.kafka_helpers import Collector, send
 from tests.reliability.helpers import Ledger, register
 
@@ -51,14 +51,11 @@ def test_one_rescale_at_a_time_then_a_failed_rescale_rolls_back(settings: Settin
     job = f"faulty-{uuid.uuid4().hex[:4]}"
     register(settings, [job])
     entry_env = {"AUTOSCALER_JOB_ENTRY_POINTS": f"pipeline.demo:build,{ENTRY}"}
-    env = {**settings_env(settings), **entry_env}
     for topic in (f"{job}.in", f"{job}.out"):
         ensure_topic(settings.kafka_bootstrap, topic, 2)
-    runner = spawn("runner", [
-        sys.executable, "-m", "agent", "job", "run", "--job-id", job, "--checkpoint-dir", str(tmp_path / "job"),
-        "--entry", ENTRY, "--parallelism", "1", "--retries", "1", "--report-interval", "2",
-        "--option", f"input_topic={job}.in", "--option", f"output_topic={job}.out", "--option", "cost_ms=1",
-    ], tmp_path / "runner.log", env)
+    runner = start_job_runner(settings, job, tmp_path / "job", tmp_path / "runner.log",
+                              options={"input_topic": f"{job}.in", "output_topic": f"{job}.out", "cost_ms": "1"},
+                              args=["--entry", ENTRY, "--retries", "1", "--report-interval", "2"], env=entry_env)
     workers = []
     ledger = Ledger(settings)
     metrics = Collector(settings, settings.topics.metrics)
@@ -68,8 +65,8 @@ def test_one_rescale_at_a_time_then_a_failed_rescale_rolls_back(settings: Settin
         for name in ("x", "y"):
             port = free_port()
             workers.append(start_agents(settings, tmp_path / f"execute-{name}.log", ["execute"],
-                                        AUTOSCALER_WEB_PORT=str(port), AUTOSCALER_APP_ID=f"{settings.app_id}-{name}",
-                                        **entry_env))
+                                        env={"AUTOSCALER_WEB_PORT": str(port),
+                                             "AUTOSCALER_APP_ID": f"{settings.app_id}-{name}", **entry_env}))
         metrics.until(MetricReport.model_validate_json, lambda rs: any(r.job_id == job for r in rs), timeout=180)
 
         first, second = decision(job, 1, 2), decision(job, 1, 2)

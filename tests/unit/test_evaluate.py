@@ -89,9 +89,9 @@ def test_noise_is_reproducible() -> None:
 
 
 def test_live_runs_are_measured_as_simulated_ones() -> None:
-    from bench.proactive_live import LiveRun
     from contracts.messages import Analysis, EventType, ScalingEvent
     from evaluation.live import live_measures
+    from stack.live import LiveRun
 
     def window(end: float, p: int, arrival: float, backlog: int) -> Analysis:
         return Analysis(job_id="j", window_end=end, parallelism=p, valid=True, true_processing_rate=200.0,
@@ -111,7 +111,7 @@ def test_live_runs_are_measured_as_simulated_ones() -> None:
 
 
 def test_live_benchmarks_get_topics_of_their_own() -> None:
-    from bench.proactive_live import isolated_settings
+    from stack.services import isolated_settings
 
     settings = isolated_settings(9092, 6380, "e1a2b3", "evaluate-1a2b3", loop_interval_s=10.0)
     assert settings.kafka_bootstrap == "127.0.0.1:9092"

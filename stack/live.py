@@ -1,0 +1,107 @@
+"""A live run: the demo Spark job under a load, autoscaled by the agents, with everything they publish.
+
+Used by the live evaluation (`autoscaler evaluate --live`), the live benchmarks and the end-to-end
+tests. The broker and Redis of the settings must be running; the agents, the job runner and the
+load generator are started here (`stack.services`) and stopped at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Consumer
+
+from contracts.messages import Analysis, EventType, ScalingDecision, ScalingEvent
+from contracts.settings import Settings
+from infra.kafka import ensure_topics, group_consumer_config
+from stack.processes import stop_pid
+from stack.services import register_jobs, start_agents, start_job_runner, start_load
+
+JOB = "demo"
+
+
+@dataclass
+class LiveRun:
+    started: float
+    analyses: list[Analysis] = field(default_factory=list)
+    decisions: list[ScalingDecision] = field(default_factory=list)
+    events: list[ScalingEvent] = field(default_factory=list)
+    load_summary: dict[str, object] = field(default_factory=dict)
+
+    def of(self, kind: EventType) -> list[ScalingEvent]:
+        return [e for e in self.events if e.type is kind]
+
+    def timeline(self) -> str:
+        t0 = self.started
+        lines = [(e.timestamp - t0, f"event {e.type.value} {e.from_parallelism}->{e.to_parallelism} "
+                  f"downtime={e.downtime_s or ''} {e.error or ''} {json.dumps(e.numbers) if e.numbers else ''}")
+                 for e in self.events]
+        lines += [(a.window_end - t0, f"window p={a.parallelism} valid={a.valid} arrival={a.arrival_rate or 0:.0f} "
+                   f"backlog={a.backlog} capacity={a.capacity.current if a.capacity else None} "
+                   f"forecast={a.forecast.method if a.forecast else None}") for a in self.analyses]
+        lines += [(d.timestamp - t0, f"decision {d.action.value} {d.from_parallelism}->{d.to_parallelism} "
+                   f"[{d.reason.code}] {d.reason.message}") for d in self.decisions if d.action.value != "none"]
+        return "\n".join(f"{t:7.1f} {text}" for t, text in sorted(lines))
+
+
+def run_live(
+    settings: Settings,
+    workdir: Path,
+    load_args: list[str],
+    job_overrides: dict[str, str],
+    max_parallelism: int = 8,
+    cost_ms: float = 4.0,
+    drain_s: float = 40.0,
+    stages: list[str] | None = None,
+    job: str = JOB,
+) -> LiveRun:
+    """Run the job under the load until the load ends plus `drain_s`; collect what was published.
+
+    The broker and Redis of `settings` must be running."""
+    run = settings.topics.metrics.split(".")[0]
+    input_topic, output_topic = f"{run}.demo.input", f"{run}.demo.output"
+    ensure_topics(settings, extra=[input_topic, output_topic])
+    register_jobs(settings, [job], **{"max_parallelism": str(max_parallelism), **job_overrides})
+    # From the earliest offset: the topics are this run's own, and nothing may be missed.
+    follow = Consumer(group_consumer_config(settings.kafka_bootstrap, f"bench-{uuid.uuid4().hex[:8]}", "earliest"))
+    follow.subscribe([settings.topics.analyses, settings.topics.decisions, settings.topics.scaling_events])
+    agents = start_agents(settings, workdir / "agents.log", stages, timeout=90)
+    runner = start_job_runner(settings, job, workdir / "job", workdir / "runner.log", max_parallelism=max_parallelism,
+                              options={"cost_ms": str(cost_ms), "input_topic": input_topic,
+                                       "output_topic": output_topic})
+    load = start_load(settings, input_topic, workdir / "load.log", load_args)
+    result = LiveRun(started=time.time())
+    parsers = {settings.topics.analyses: (Analysis, result.analyses),
+               settings.topics.decisions: (ScalingDecision, result.decisions),
+               settings.topics.scaling_events: (ScalingEvent, result.events)}
+    seen: set[tuple[str, int, int]] = set()
+    try:
+        drain_until = None
+        while drain_until is None or time.time() < drain_until:
+            msg = follow.poll(0.2)
+            if msg is not None and not msg.error() and msg.topic() in parsers:
+                model, into = parsers[msg.topic()]
+                item = model.model_validate_json(msg.value())
+                # A consumer that rejoins its group reads again from its last commit: keep each once.
+                key = (msg.topic(), msg.partition(), msg.offset())
+                if item.job_id == job and key not in seen:
+                    seen.add(key)
+                    into.append(item)  # type: ignore[arg-type]
+            if drain_until is None and load.poll() is not None:
+                drain_until = time.time() + drain_s
+        lines = (workdir / "load.log").read_text().strip().splitlines()
+        if lines:
+            try:
+                result.load_summary = json.loads(lines[-1])
+            except json.JSONDecodeError:
+                result.load_summary = {"tail": lines[-1]}
+    finally:
+        for process in (load, runner):
+            stop_pid(process.pid, timeout=60, process=process)
+        agents.stop()
+        follow.close()
+    return result

@@ -1,0 +1,136 @@
+"""The one place that starts the autoscaler's processes: agent workers, a job runner, a load generator.
+
+Every caller (the embedded stack, the demo, the live evaluation, the tests and the benchmarks)
+starts them through these functions, with settings that reach the child through its environment
+(`settings_env`; secrets never on a command line). The broker and Redis start with
+`stack.processes.start_broker` / `start_redis`. `isolated_settings` gives a run topics, a consumer
+group and a web port of its own on a shared broker and Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from subprocess import Popen
+
+from contracts.settings import Settings, Topics, settings_env
+from knowledge import RedisKnowledge
+from stack.processes import free_port, spawn, stop_pid, wait_for_port
+
+AGENT_START_TIMEOUT_S = 60.0
+
+
+def register_jobs(settings: Settings, jobs: list[str], **overrides: str) -> None:
+    """Register `jobs` with the same overrides in the settings' knowledge base (reports of an
+    unregistered job are dead-lettered)."""
+
+    async def register() -> None:
+        knowledge = RedisKnowledge(settings)
+        try:
+            for job in jobs:
+                await knowledge.register_job(job, overrides)
+        finally:
+            await knowledge.close()
+
+    asyncio.run(register())
+
+
+def autoscaler_argv(*args: str) -> list[str]:
+    """The `autoscaler` command line, run with this interpreter."""
+    return [sys.executable, "-m", "agent", *args]
+
+
+def isolated_settings(broker_port: int, redis_port: int, topic_prefix: str, app_id: str,
+                      loop_interval_s: float = 10.0, redis_db: int = 0) -> Settings:
+    """Settings for a run's own topics (`<prefix>.<topic>`), consumer group and web port."""
+    return Settings(
+        kafka_bootstrap=f"127.0.0.1:{broker_port}", redis_url=f"redis://127.0.0.1:{redis_port}/{redis_db}",
+        topics=Topics(**{k: f"{topic_prefix}.{v}" for k, v in Topics().model_dump().items()}),
+        app_id=app_id, web_port=free_port(), loop_interval_s=loop_interval_s, topic_partitions=4,
+    )
+
+
+def unique_settings(broker_port: int, redis_port: int, loop_interval_s: float = 10.0) -> Settings:
+    """`isolated_settings` with a fresh random prefix and consumer group."""
+    run = uuid.uuid4().hex[:6]
+    return isolated_settings(broker_port, redis_port, f"t{run}", f"autoscaler-{run}", loop_interval_s)
+
+
+@dataclass
+class AgentWorker:
+    """One `autoscaler agents` process."""
+
+    process: Popen[bytes]
+    log_path: Path
+    web_port: int
+    stages: tuple[str, ...] = ()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        stop_pid(self.process.pid, timeout=15, process=self.process)
+
+
+def start_agents(
+    settings: Settings,
+    log_path: Path,
+    stages: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    web_port: int | None = None,
+    timeout: float = AGENT_START_TIMEOUT_S,
+) -> AgentWorker:
+    """An agent worker with `stages` (all four by default), ready when its web port answers.
+
+    It runs in the log's folder: Faust writes an `<app id>-data` folder where it runs."""
+    port = web_port or int((env or {}).get("AUTOSCALER_WEB_PORT", settings.web_port))
+    argv = autoscaler_argv("agents")
+    for stage in stages or []:
+        argv += ["--stage", stage]
+    process = spawn("agents", argv, log_path,
+                    {**settings_env(settings), **(env or {}), "AUTOSCALER_WEB_PORT": str(port)}, cwd=log_path.parent)
+    worker = AgentWorker(process, log_path, port, tuple(stages or ()))
+    try:
+        wait_for_port("127.0.0.1", port, timeout=timeout)
+    except TimeoutError:
+        worker.stop()
+        raise RuntimeError(f"the agents did not start:\n{worker.log()[-3000:]}") from None
+    return worker
+
+
+def start_job_runner(
+    settings: Settings,
+    job_id: str,
+    checkpoint_dir: Path,
+    log_path: Path,
+    *,
+    parallelism: int = 1,
+    max_parallelism: int | None = None,
+    options: dict[str, str] | None = None,
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> Popen[bytes]:
+    """`autoscaler job run` for `job_id` (the demo job unless `args` name another `--entry`)."""
+    argv = autoscaler_argv("job", "run", "--job-id", job_id, "--checkpoint-dir", str(checkpoint_dir),
+                           "--parallelism", str(parallelism))
+    if max_parallelism is not None:
+        argv += ["--max-parallelism", str(max_parallelism)]
+    for key, value in (options or {}).items():
+        argv += ["--option", f"{key}={value}"]
+    return spawn("runner", [*argv, *(args or [])], log_path, {**settings_env(settings), **(env or {})})
+
+
+def start_load(
+    settings: Settings, topic: str, log_path: Path, load_args: list[str], partitions: int = 4,
+    env: dict[str, str] | None = None,
+) -> Popen[bytes]:
+    """`autoscaler load run` into `topic` on the settings' broker; `load_args` give the shape or trace."""
+    argv = autoscaler_argv("load", "run", *load_args, "--topic", topic, "--partitions", str(partitions),
+                           "--bootstrap", settings.kafka_bootstrap, "--quiet")
+    return spawn("load", argv, log_path, {**settings_env(settings), **(env or {})})
