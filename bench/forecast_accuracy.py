@@ -9,9 +9,7 @@ method's forecast of the next 15 minutes is scored by WAPE. See bench/README.md.
 from __future__ import annotations
 
 import contextlib
-import csv
 import datetime as dt
-import hashlib
 import json
 import os
 import sys
@@ -39,13 +37,12 @@ from analyze.arima import (
 )
 from analyze.forecast import ForecastState, install_model, step
 from bench.common import code_version, machine_info
+from evaluation.traces import NATIVE_ROW_SECONDS, recorded_trace
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-TRACES = ROOT.parent / "shared" / "traces"
 RESULTS = HERE / "results" / "forecast_accuracy.json"
 METHODS = ("auto_arima", "linear_trend", "last_value", "ours")
-TRACE_NAMES = ("sine_60000_6h", "cos_40000_6h", "avazu_5min", "IoT_5min", "wiki_en_5min", "taylor")
+TRACE_NAMES = ("sine", "cos", "avazu", "iot", "wiki", "taylor")
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -62,36 +59,18 @@ class Series:
     compression: str
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def load_series(name: str, traces: Path, step_s: float) -> Series | None:
-    """The trace `name` as one point per `step_s` of replay, or None if its file is missing."""
-    if name == "taylor":
-        import pmdarima as pm
-
-        values = np.asarray(pm.datasets.load_taylor(), dtype=float)
-        return Series(name, "pmdarima.datasets.load_taylor()", None, values, 1800.0, 1,
-                      f"1 half-hourly row = 1 step = {step_s:g} s ({1800 / step_s:g}x compressed)")
-    if name in ("sine_60000_6h", "cos_40000_6h"):
-        path = traces / "daedalus" / f"{name}.csv"
-        if not path.exists():
-            return None
-        raw = np.loadtxt(path, delimiter="|", skiprows=1)[:, 1]
-        block = max(1, round(step_s))
-        usable = raw.size - raw.size % block
-        return Series(name, str(path), sha256(path), raw[:usable].reshape(-1, block).mean(axis=1), 1.0, block,
-                      f"1-s counts averaged over {block}-s blocks: 1 step = {block} s of the trace (real time)")
-    path = traces / "load-prediction-dsp" / f"{name}.csv"
-    if not path.exists() and name == "wiki_en_5min":
-        path = HERE / "traces" / f"{name}.csv"
-    if not path.exists():
-        return None
-    with path.open(newline="") as f:
-        values = np.array([float(row["messages"]) for row in csv.DictReader(f)])
-    return Series(name, str(path), sha256(path), values, 300.0, 1,
-                  f"1 five-minute row = 1 step = {step_s:g} s ({300 / step_s:g}x compressed)")
+def load_series(name: str, step_s: float) -> Series:
+    """The built-in trace `name` (`evaluation.traces`) as one point per `step_s` of replay."""
+    values, source, digest = recorded_trace(name)
+    native_s = NATIVE_ROW_SECONDS[name]
+    if native_s >= step_s:  # a row is a point: time-compressed
+        return Series(name, source, digest, values, native_s, 1,
+                      f"1 row of {native_s:g} s = 1 step = {step_s:g} s ({native_s / step_s:g}x compressed)")
+    block = max(1, round(step_s / native_s))  # rows averaged into a point: real time
+    usable = values.size - values.size % block
+    return Series(name, source, digest, values[:usable].reshape(-1, block).mean(axis=1), native_s, block,
+                  f"{native_s:g}-s rows averaged over {block * native_s:g}-s blocks: 1 step = "
+                  f"{block * native_s:g} s of the trace (real time)")
 
 
 def horizon_text(series: Series, config: ForecastConfig) -> str:
@@ -219,14 +198,8 @@ def packages() -> dict[str, str]:
     return out
 
 
-def files_hash() -> dict[str, str]:
-    return {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest()[:16]
-            for f in ("analyze/forecast.py", "bench/forecast_accuracy.py")}
-
-
 @app.command()
 def main(
-    traces: Annotated[Path, typer.Option(help="shared trace collection (daedalus/, load-prediction-dsp/)")] = TRACES,
     only: Annotated[list[str] | None, typer.Option(help=f"evaluate only these ({', '.join(TRACE_NAMES)})")] = None,
     step_seconds: Annotated[float, typer.Option(help="replay seconds per point (the loop)")] = 60.0,
     horizon_seconds: Annotated[float, typer.Option(help="forecast horizon, replay seconds")] = 900.0,
@@ -267,16 +240,11 @@ def main(
     )
     console.print(f"[bold]forecast accuracy[/bold]: {methodology}")
     results: dict[str, Any] = {}
-    skipped: list[str] = []
     import pmdarima  # noqa: F401  (loads scipy's and statsmodels' BLAS first: the thread limit covers loaded ones)
 
     with threadpool_limits(limits=threads):
         for name in names:
-            series = load_series(name, traces, step_seconds)
-            if series is None:
-                skipped.append(name)
-                console.print(f"  [yellow]{name}: not found under {traces}, skipped[/yellow]")
-                continue
+            series = load_series(name, step_seconds)
             result = evaluate(series, config, origins, loop_points, origin_every, fit_points)
             results[name] = {"source": series.source, "sha256": series.sha256, **result}
             m = result["mean_wape"]
@@ -311,16 +279,15 @@ def main(
         "benchmark": "forecast_accuracy",
         "date": started.isoformat(timespec="seconds"),
         "duration_s": round(time.perf_counter() - wall, 2),
-        "code": code_version() | {"forecast_sha256": files_hash()},
+        "code": code_version(("analyze/arima.py", "analyze/forecast.py", "bench/forecast_accuracy.py")),
         "machine": machine_info() | {"load_average_at_start": load_at_start and [round(x, 2) for x in load_at_start],
                                      "forecast_packages": packages(), "threads": threads},
         "parameters": {
-            "traces_dir": str(traces), "step_s": step_seconds, "horizon_s": horizon_seconds, "origins": origins,
+            "step_s": step_seconds, "horizon_s": horizon_seconds, "origins": origins,
             "loop_points": loop_points, "origin_every_loops": origin_every, "fit_points": fit_points,
             "forecast_config": config.model_dump(mode="json"),
         },
         "methodology": methodology,
-        "skipped": skipped,
         "traces": results,
     }
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,7 @@ from analyze.forecast import ForecastState
 from analyze.forecasting import Forecasting
 from analyze.proactive import forecast_config
 from bench.common import code_version, machine_info, percentile, process_cpu_seconds
-from bench.forecast_accuracy import TRACES, load_series, packages
+from bench.forecast_accuracy import load_series, packages
 from contracts.settings import Settings
 from knowledge import Knowledge, RedisKnowledge
 from stack.processes import Service, start_redis
@@ -48,7 +48,7 @@ from stack.processes import Service, start_redis
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results" / "refit_latency.json"
-TRACE_NAMES = ("sine_60000_6h", "cos_40000_6h", "avazu_5min", "IoT_5min", "wiki_en_5min")
+TRACE_NAMES = ("sine", "cos", "avazu", "iot", "wiki")
 FLOOR_MS = 100.0  # the most a refit may add to another job's decision
 T0 = 1_800_000_000.0  # metric time of every job's first point
 TICK_S = 0.010
@@ -141,18 +141,12 @@ class Probe:
 
 
 def make_jobs(
-    count: int, refit_jobs: int, fits: int, traces: Path, step_s: float, fit_points: int, loops: int
+    count: int, refit_jobs: int, fits: int, step_s: float, fit_points: int, loops: int
 ) -> list[Job]:
     """`count` jobs over the traces; jobs j, j + T, j + 2T, ... (T traces) share a trace. Each trace
     has `fits / T` base windows spread over it; the jobs of one base window start `SHIFT_POINTS`
     apart, so every job replays its own stretch of the trace."""
-    series = {}
-    for name in TRACE_NAMES:
-        loaded = load_series(name, traces, step_s)
-        if loaded is not None:
-            series[name] = loaded
-    if not series:
-        raise typer.BadParameter(f"no trace found under {traces}")
+    series = {name: load_series(name, step_s) for name in TRACE_NAMES}
     names = list(series)
     groups = max(1, math.ceil(min(fits, count) / len(names)))  # base windows per trace
     every = max(1, count // refit_jobs) if refit_jobs else 0
@@ -455,7 +449,6 @@ def main(
     fit_points: Annotated[int, typer.Option(help="points each job's first model is fitted on")] = 720,
     fits: Annotated[int, typer.Option(help="distinct auto_arima fits the jobs' first models come from")] = 10,
     fit_workers: Annotated[int, typer.Option(help="processes fitting the first models (before measuring)")] = 0,
-    traces: Annotated[Path, typer.Option(help="shared trace collection (daedalus/, load-prediction-dsp/)")] = TRACES,
     output: Annotated[Path, typer.Option(help="where to write the JSON results")] = RESULTS,
 ) -> None:
     """Per-window forecast step latency of 50 jobs without and with refits under way."""
@@ -467,7 +460,7 @@ def main(
     if refit_jobs >= jobs:
         raise typer.BadParameter("--refit-jobs must leave other jobs to measure")
     total_loops = warmup_loops + 2 * rounds
-    job_list = make_jobs(jobs, refit_jobs, fits, traces, step_s, fit_points, total_loops)
+    job_list = make_jobs(jobs, refit_jobs, fits, step_s, fit_points, total_loops)
     config = forecast_config(step_s, horizon_s, wape_threshold, NO_REFIT_LOOPS, 60)
     methodology = (
         f"{jobs} jobs, each replaying a trace ({', '.join(sorted({j.trace for j in job_list}))}; one point per "
@@ -569,7 +562,7 @@ def main(
                                      "forecast_packages": packages()},
         "parameters": {"jobs": jobs, "refit_jobs": refit_jobs, "loops_per_phase": rounds, "warmup_loops": warmup_loops,
                        "loop_interval_s": interval_s, "refit_workers": refit_workers,
-                       "fit_points": fit_points, "traces_dir": str(traces),
+                       "fit_points": fit_points,
                        "other_jobs_config": config.model_dump(mode="json"),
                        "refit_jobs_config": forecast_config(step_s, horizon_s, ALWAYS_POOR_WAPE, 1, 60)
                        .model_dump(mode="json")},

@@ -97,6 +97,19 @@ def _synthetic(name: str, seconds: int) -> np.ndarray:
     return np.where((t % 2700) >= 2520, 1.0, 0.3)
 
 
+def recorded_trace(name: str) -> tuple[np.ndarray, str, str | None]:
+    """A recorded built-in trace's rows (one rate per row, at `NATIVE_ROW_SECONDS[name]`), where they
+    come from, and the file's sha256."""
+    if name == "taylor":
+        import pmdarima as pm
+
+        return np.asarray(pm.datasets.load_taylor(), dtype=float), "pmdarima.datasets.load_taylor()", None
+    if name not in TRACE_FILES:
+        raise ValueError(f"unknown recorded trace {name!r}; known: {', '.join([*TRACE_FILES, 'taylor'])}")
+    path = TRACES / TRACE_FILES[name]
+    return np.asarray(read_rates(path), dtype=float), TRACE_FILES[name], hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def load_trace(name: str, hours: float = 6.0, peak: float = 1400.0, low_fraction: float = 0.125,
                window_s: float = 10.0, row_seconds: float | None = None) -> Trace:
     """`hours` of replay as one arrival rate per window, the trace's min..max mapped linearly onto
@@ -107,16 +120,7 @@ def load_trace(name: str, hours: float = 6.0, peak: float = 1400.0, low_fraction
     if name in ("steps", "spikes"):
         raw, row_s, what = _synthetic(name, seconds), 1.0, f"synthetic {name}"
     else:
-        if name == "taylor":
-            import pmdarima as pm
-
-            values = np.asarray(pm.datasets.load_taylor(), dtype=float)
-            source = "pmdarima.datasets.load_taylor()"
-        else:
-            path = TRACES / TRACE_FILES[name]
-            values = np.asarray(read_rates(path), dtype=float)
-            digest = hashlib.sha256(path.read_bytes()).hexdigest()
-            source = TRACE_FILES[name]
+        values, source, digest = recorded_trace(name)
         row_s = row_seconds or ROW_SECONDS[name]
         rows = min(len(values), math.ceil(seconds / row_s))
         raw = values[:rows]
