@@ -84,7 +84,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summary(values: list[float]) -> dict[str, float]:
+    """n, p50, p95, p99, max and mean of the samples (nearest-rank percentiles)."""
     return {
-        "p50": percentile(values, 50), "p95": percentile(values, 95), "p99": percentile(values, 99),
+        "n": len(values), "p50": percentile(values, 50), "p95": percentile(values, 95), "p99": percentile(values, 99),
         "max": max(values, default=math.nan), "mean": sum(values) / len(values) if values else math.nan,
     }

@@ -1,11 +1,11 @@
-"""Pure pieces of `bench.capacity_model`: which windows are learned, which reports measure the drain."""
+"""The capacity-model benchmark's pure pieces: which windows are learned, which reports measure the drain."""
 
 from __future__ import annotations
 
 import pytest
 
 from analyze.true_rates import analyze_window
-from bench.capacity_model import (
+from bench.capacity_windows import (
     Batch,
     batch_capacity,
     batch_of,
