@@ -28,8 +28,7 @@ from contracts.plan_state import Downtimes
 from contracts.settings import Settings, get_settings
 from execute.backend import ActionCost, RunnerFatal, ScalingBackend, StartError
 from execute.commands import CommandConsumer, ReportPublisher
-from infra.kafka import ensure_topic
-from infra.security import kafka_security_config
+from infra.kafka import JobKafka, ensure_topic
 
 if TYPE_CHECKING:
     from confluent_kafka import Message
@@ -41,7 +40,7 @@ APPLIED_KEPT = 256
 
 
 @dataclass
-class RunnerConfig:
+class RunnerConfig(JobKafka):
     job_id: str
     parallelism: int  # the first start's; a restarted runner resumes at the last it applied
     state_dir: Path  # where the runner keeps its state (the job's directory)
@@ -51,14 +50,6 @@ class RunnerConfig:
     command_max_age_s: float | None = None  # None: the settings' rescale_timeout_s
     listen: bool = True  # consume RescaleCommands
     settings: Settings = field(default_factory=get_settings)
-
-    @property
-    def kafka_bootstrap(self) -> str:
-        return self.bootstrap or self.settings.kafka_bootstrap
-
-    @property
-    def kafka_security(self) -> dict[str, str]:
-        return kafka_security_config(self.settings)
 
     @property
     def max_command_age_s(self) -> float:

@@ -15,6 +15,22 @@ from infra.security import kafka_security_config
 log = logging.getLogger(__name__)
 
 
+class JobKafka:
+    """For a configuration with `bootstrap` (a job's own Kafka, or None) and `settings`: the
+    servers its clients use (the job's, else the autoscaler's) and their security (the settings')."""
+
+    bootstrap: str | None
+    settings: Settings
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        return self.bootstrap or self.settings.kafka_bootstrap
+
+    @property
+    def kafka_security(self) -> dict[str, str]:
+        return kafka_security_config(self.settings)
+
+
 def kafka_client_config(settings: Settings, bootstrap: str | None = None) -> dict[str, str]:
     """Bootstrap plus security (SASL/SSL) for any confluent-kafka client of the autoscaler;
     `bootstrap` overrides the settings' servers (a job's own Kafka), the security stays."""

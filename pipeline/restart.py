@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from contracts.plan_state import Downtimes
 from contracts.settings import Settings, get_settings
 from execute.backend import ActionCost, BackendKind, BackendOutcome, StartError, rescale_with_rollback, restart_cost
-from infra.security import check_entry_point, kafka_security_config
+from infra.kafka import JobKafka
+from infra.security import check_entry_point
 from pipeline import offsets as off
 from pipeline.job import BuildFunction, JobContext, load_entry_point
 from pipeline.kafka_source import clear_pause, stop_between_batches
@@ -44,7 +45,7 @@ DEFAULT_RESTART_S = 30.0
 
 
 @dataclass
-class SparkJobConfig:
+class SparkJobConfig(JobKafka):
     """What the restart backend needs to run one Spark streaming query."""
 
     job_id: str
@@ -60,15 +61,6 @@ class SparkJobConfig:
     start_timeout_s: float = 120.0  # for the first micro-batch after a (re)start
     retries: int = 2  # start attempts beyond the first, at the target and then at the last good one
     settings: Settings = field(default_factory=get_settings)
-
-    @property
-    def kafka_bootstrap(self) -> str:
-        return self.bootstrap or self.settings.kafka_bootstrap
-
-    @property
-    def kafka_security(self) -> dict[str, str]:
-        """SASL/SSL properties of the runner's and the job's Kafka clients, from the settings."""
-        return kafka_security_config(self.settings)
 
     @property
     def query_dir(self) -> Path:
