@@ -27,13 +27,17 @@ print('\n'.join(p['dependencies'] + p['optional-dependencies']['spark']))" > /tm
 
 # Only the packages, never the build context's virtualenv or local state.
 COPY README.md ./
-COPY agent/ agent/
+COPY contracts/ contracts/
+COPY infra/ infra/
+COPY knowledge/ knowledge/
 COPY monitor/ monitor/
 COPY analyze/ analyze/
 COPY plan/ plan/
 COPY execute/ execute/
-COPY knowledge/ knowledge/
 COPY pipeline/ pipeline/
+COPY stack/ stack/
+COPY evaluation/ evaluation/
+COPY agent/ agent/
 COPY bench/ bench/
 # The dependencies (with the spark extra) are in already; pip check proves none is missing.
 RUN pip install --no-deps . \

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from contracts.messages import EventType
 from contracts.settings import Settings
+from evaluation.traces import TRACE_FILES, TRACES
 from stack.live import run_live
 
-TRACE = Path(__file__).resolve().parents[2] / "bench" / "traces" / "sine_60000_6h.csv"
+TRACE = TRACES / TRACE_FILES["sine"]
 # One sine period is 10,800 rows (3 h at 1 s). From the trough (row 8,100) over the peak (13,500) to
 # part of the fall: 7,200 rows at 0.045 s each, 324 s of load; the 3 h rise takes 243 s.
 START_ROW, ROWS, SECONDS_PER_ROW = 8_100, 7_200, 0.045
