@@ -91,6 +91,14 @@ class ArimaModel:
             warnings.simplefilter("ignore")
             return np.asarray(self.results().forecast(n_periods), dtype=float)
 
+    def predict_interval(self, n_periods: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+        """The next points and the upper end of their (1 - alpha) two-sided prediction interval."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            forecast = self.results().get_forecast(n_periods)
+            return (np.asarray(forecast.predicted_mean, dtype=float),
+                    np.asarray(forecast.conf_int(alpha=alpha), dtype=float)[:, 1])
+
     def to_bytes(self) -> bytes:
         return json.dumps({"spec": self.spec, "params": list(self.params), "endog": list(self.endog)}).encode()
 
@@ -186,6 +194,18 @@ def arima_forecast(model_bytes: bytes, steps: int) -> np.ndarray:
     if not np.all(np.isfinite(values)):
         raise ValueError("the model forecast non-finite values")
     return np.maximum(values, 0.0)
+
+
+UPPER_ALPHA = 0.2  # the upper end of an 80 % two-sided interval: a 90 % upper quantile
+
+
+def arima_forecast_upper(model_bytes: bytes, steps: int, alpha: float = UPPER_ALPHA) -> tuple[np.ndarray, np.ndarray]:
+    """The next `steps` points and an upper quantile of each (pmdarima's prediction interval, from the
+    statsmodels state space it wraps), clamped at 0. Raises ValueError if not finite."""
+    values, upper = load_model(model_bytes).predict_interval(steps, alpha)
+    if not (np.all(np.isfinite(values)) and np.all(np.isfinite(upper))):
+        raise ValueError("the model forecast non-finite values")
+    return np.maximum(values, 0.0), np.maximum(upper, values)
 
 
 def linear_trend_forecast(history: Sequence[float] | np.ndarray, steps: int, window: int = 30) -> np.ndarray:

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from analyze.arima import (
     ForecastConfig,
     _series,
-    arima_forecast,
+    arima_forecast_upper,
     last_value_forecast,
     linear_trend_forecast,
     update_model,
@@ -55,6 +55,7 @@ class Forecast(BaseModel):
     step_s: float
     method: Method
     made_at: float
+    upper: list[float] | None = None  # a 90 % upper quantile of each value
 
     def overlap(self, times: np.ndarray, actual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(actual, predicted) of the points at `times` that this forecast covers."""
@@ -174,10 +175,11 @@ def step(
     state.last_time = now
     retrain_reason: RetrainReason | None = None
     arima_values: np.ndarray | None = None
+    arima_upper: np.ndarray | None = None
     if model is not None:
         try:
             model = update_model(model, new, max_points=config.history_points)
-            arima_values = arima_forecast(model, config.horizon_steps)
+            arima_values, arima_upper = arima_forecast_upper(model, config.horizon_steps)
         except Exception:  # a model that cannot be updated or forecast is dropped and refitted
             model = None
             state.arima_forecast = None
@@ -191,7 +193,7 @@ def step(
     state.arima_forecast = None
     if arima_values is not None:
         state.arima_forecast = Forecast(values=arima_values.tolist(), start=start, step_s=step_s, method="arima",
-                                        made_at=now)
+                                        made_at=now, upper=None if arima_upper is None else arima_upper.tolist())
     recent = state.arima_wapes[-config.score_loops:]
     arima_poor = bool(recent) and float(np.mean(recent)) > config.wape_threshold
     if state.arima_forecast is not None and not arima_poor:
@@ -207,8 +209,10 @@ def step(
         method = "last_value"
         values = last_value_forecast(state.history, steps)
         reason = "fallback: a single point"
+    upper = state.arima_forecast.upper if method == "arima" and state.arima_forecast is not None else \
+        _empirical_upper(values, state.wapes[-config.score_loops:])
     state.forecast = Forecast(values=[float(v) for v in values], start=start, step_s=step_s, method=method,
-                              made_at=now)
+                              made_at=now, upper=upper)
 
     # 4. A refit when due: the first fit, a dropped model, or consecutive poor ARIMA loops.
     if retrain_reason is None:
@@ -232,6 +236,18 @@ def step(
     return state, ForecastDecision(method=method, reason=reason, forecast=state.forecast, wape=score,
                                    arima_wape=arima_score, poor_loops=state.poor_loops, retrain=request, model=model,
                                    filled_points=filled, reset=reset)
+
+
+def _empirical_upper(values: Sequence[float] | np.ndarray, recent_wapes: list[float]) -> list[float] | None:
+    """A fallback forecast's 90 % upper quantile from its recent errors: the values plus 1.6 typical
+    absolute errors (1.28 standard deviations of a normal error, whose sd is 1.25 mean absolute
+    errors), the typical error being the median recent WAPE (one wild loop does not widen it), at
+    most +50 %; None until an error has been measured."""
+    finite = [w for w in recent_wapes if np.isfinite(w)]
+    if not finite:
+        return None
+    margin = min(0.5, 1.6 * float(np.median(finite)))
+    return [float(v) * (1 + margin) for v in values]
 
 
 def _unchanged(state: ForecastState, reason: str, model: bytes | None) -> ForecastDecision:

@@ -135,8 +135,8 @@ def forecast_view(decision: ForecastDecision) -> ForecastView | None:
     forecast: Forecast | None = decision.forecast
     if forecast is None:
         return None
-    return ForecastView(values=forecast.values, start=forecast.start, step_s=forecast.step_s, method=forecast.method,
-                        wape=decision.wape, reason=decision.reason)
+    return ForecastView(values=forecast.values, upper=forecast.upper, start=forecast.start, step_s=forecast.step_s,
+                        method=forecast.method, wape=decision.wape, reason=decision.reason)
 
 
 def forecast_config(

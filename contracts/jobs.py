@@ -44,6 +44,10 @@ class JobConfig(BaseModel):
     per_operator: bool = Field(
         False, description="Operators scale independently (Flink-like); otherwise one job-level parallelism."
     )
+    backlog_target_s: float = Field(
+        60.0, gt=0, description="The most backlog the job may carry, in seconds of arrivals: the default "
+        "planner keeps it within this target at the least cost; the evaluation counts the time beyond it."
+    )
     restart_time_s: float = Field(
         30.0, ge=0, description="Restart time assumed until execute has measured one; its arrivals are "
         "added to the backlog to catch up."

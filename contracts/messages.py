@@ -198,6 +198,9 @@ class ForecastView(Contract):
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 
     values: list[float] = Field(max_length=10_000)
+    upper: list[float] | None = Field(
+        None, max_length=10_000, description="An upper quantile (90 %) of each value: pmdarima's prediction "
+        "interval for ARIMA, the recent forecast errors for a fallback.")
     start: float
     step_s: PositiveFloat
     method: Literal["arima", "linear_trend", "last_value"]

@@ -64,34 +64,11 @@ def guarded_plan(
     """The policy's core inside its controls. Returns the plan and the plan-state changes."""
     current = analysis.parallelism
     now = analysis.window_end
-    updates: dict[str, Any] = {}
-    expected = state.expected_parallelism
-    if expected is not None:
-        # Windows measured before a rescale still arrive after it; a few are dropped, but a job
-        # restarted by other means must not be ignored forever.
-        budget = state.stale_budget
-        if current != expected and budget > 0:
-            return hold(
-                current, "stale_window",
-                f"the window was measured at parallelism {current}, but the job was rescaled to {expected}",
-                rule="stale_window", expected_parallelism=expected,
-            ), {"stale_budget": budget - 1}
-        updates["expected_parallelism"] = None
-    # Windows seen at this parallelism, counting this one: a (re)started job spends its first
-    # window starting workers, which understates its true rate.
+    held_early, updates = admit(analysis, config, state)
+    if held_early is not None:
+        return held_early, updates
     same = state.window_parallelism == current
-    seen = state.windows_at_parallelism + 1 if same else 1
-    samples = state.samples_at_parallelism if same else 0
-    updates |= {"window_parallelism": current, "windows_at_parallelism": seen, "samples_at_parallelism": samples}
-    if seen <= config.stabilization_windows:
-        return hold(
-            current, "stabilizing",
-            f"window {seen} of {config.stabilization_windows} ignored after a (re)start while the job settles",
-            rule="stabilization",
-        ), updates
-    if not analysis.valid:
-        return hold(current, "invalid_window", analysis.invalid_reason or "window not usable",
-                    rule="valid_window"), updates
+    samples = updates["samples_at_parallelism"]
     samples += 1
     recent = smoothing_samples(state.samples if same else None, analysis, config.metrics_window_s)
     updates |= {"samples_at_parallelism": samples, "samples": recent}
@@ -155,6 +132,42 @@ def guarded_plan(
                                      "per_slot_before": analysis.true_processing_rate,
                                      "capacity_before": current * analysis.true_processing_rate}
     return replace(plan, recommended=recommended), updates
+
+
+def admit(analysis: Analysis, config: JobConfig, state: PlanState) -> tuple[Plan | None, dict[str, Any]]:
+    """What every planning policy checks first: a stale window (measured before the last rescale), the
+    windows ignored while a (re)started job settles, an invalid window. Returns a hold (or None to go
+    on) and the plan-state changes (the windows counted at this parallelism)."""
+    current = analysis.parallelism
+    updates: dict[str, Any] = {}
+    expected = state.expected_parallelism
+    if expected is not None:
+        # Windows measured before a rescale still arrive after it; a few are dropped, but a job
+        # restarted by other means must not be ignored forever.
+        budget = state.stale_budget
+        if current != expected and budget > 0:
+            return hold(
+                current, "stale_window",
+                f"the window was measured at parallelism {current}, but the job was rescaled to {expected}",
+                rule="stale_window", expected_parallelism=expected,
+            ), {"stale_budget": budget - 1}
+        updates["expected_parallelism"] = None
+    # Windows seen at this parallelism, counting this one: a (re)started job spends its first
+    # window starting workers, which understates its true rate.
+    same = state.window_parallelism == current
+    seen = state.windows_at_parallelism + 1 if same else 1
+    samples = state.samples_at_parallelism if same else 0
+    updates |= {"window_parallelism": current, "windows_at_parallelism": seen, "samples_at_parallelism": samples}
+    if seen <= config.stabilization_windows:
+        return hold(
+            current, "stabilizing",
+            f"window {seen} of {config.stabilization_windows} ignored after a (re)start while the job settles",
+            rule="stabilization",
+        ), updates
+    if not analysis.valid:
+        return hold(current, "invalid_window", analysis.invalid_reason or "window not usable",
+                    rule="valid_window"), updates
+    return None, updates
 
 
 def _with_predicted_recovery(

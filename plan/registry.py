@@ -9,16 +9,18 @@ from __future__ import annotations
 from typing import Any
 
 from plan.policies.daedalus import DaedalusPolicy
-from plan.policies.default import DefaultPolicy
+from plan.policies.default import CostPlanner
 from plan.policies.ds2 import Ds2Policy
 from plan.policies.flink import FlinkPolicy
 from plan.policies.hybrid import HybridPolicy
+from plan.policies.reactive import ReactivePolicy
 from plan.policies.static import StaticPolicy
 from plan.policies.threshold import ThresholdPolicy
 from plan.policy import ScalingPolicy
 
 POLICIES: dict[str, type[ScalingPolicy]] = {
-    DefaultPolicy.name: DefaultPolicy,
+    CostPlanner.name: CostPlanner,
+    ReactivePolicy.name: ReactivePolicy,
     DaedalusPolicy.name: DaedalusPolicy,
     HybridPolicy.name: HybridPolicy,
     Ds2Policy.name: Ds2Policy,
@@ -26,7 +28,7 @@ POLICIES: dict[str, type[ScalingPolicy]] = {
     ThresholdPolicy.name: ThresholdPolicy,
     StaticPolicy.name: StaticPolicy,
 }
-DEFAULT_POLICY = DefaultPolicy.name
+DEFAULT_POLICY = CostPlanner.name
 
 
 class UnknownPolicy(ValueError):

@@ -1,26 +1,251 @@
-"""`default`: DS2's one-step optimal parallelism inside the production controls.
+"""`default`: the cost-based planner. Every window it plans the parallelism over the next minutes at the
+least cost that keeps the backlog within its target, and applies the first step.
 
-DS2 (Kalavri et al., OSDI 2018): the true processing rate per slot (records per busy second) gives
-the slots that carry the target rate at the target utilization in one step; the target rate is the
-arrival rate plus the backlog, and what arrives during the restart, drained within the catch-up
-duration. The controls (`plan.guarded`) add hysteresis, stabilization, averaged rates, delays and
-bounds, after the Flink autoscaler (FLIP-271).
+After QEScalor's cost-based elastic scaling (QCESA) and Daedalus's long-lived decisions; the search
+is `plan.cost_plan` (dynamic programming over time x parallelism with the backlog carried). What it
+plans with, each an estimate on the safe side:
+- arrivals: the upper quantile of the arrival level since the last level shift (`plan.level`, a
+  CUSUM detector), and over the horizon the upper quantile of analyze's forecast where it is higher;
+- capacity: the DS2 true rate measured at each parallelism the job ran at (records per busy second
+  per slot, averaged; `known`), extrapolated to the others along a power law fitted through them
+  (exponent at most 1: slots never add more than linearly), less its measured noise;
+- actions: the measured restart time of each direction (the plan state's downtimes), the replay
+  since the last checkpoint (half a checkpoint interval of arrivals), and a penalty per action.
+
+Pure: everything it learns lives in the plan state's `policy_state`.
 """
 
 from __future__ import annotations
 
+import math
+from typing import ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
 from contracts.jobs import JobConfig
-from contracts.messages import Analysis
+from contracts.messages import Analysis, DecisionReason, ForecastView
 from contracts.plan_state import PlanState
-from plan.ds2 import plan_ds2
-from plan.guarded import GuardedPolicy
-from plan.policy import Plan
+from plan.cost_plan import PlanProblem, Schedule, describe, solve
+from plan.guarded import admit
+from plan.level import LevelState
+from plan.level import update as update_level
+from plan.policy import Plan, direction, hold
+from plan.proactive import downtimes_expected
+
+WINDOW_S = 10.0  # the agents' loop interval: the windows a planning step averages over
+EXPONENT_PRIOR = 0.95  # capacity ~ p^0.95 beyond what was measured, until two parallelisms were
+EXPONENT_RANGE = (0.5, 1.0)
+KNOWN_WEIGHT = 0.2  # the least weight of a new window in a parallelism's measured capacity
+EXTRAPOLATION_ERROR = 0.05  # relative error of a capacity extrapolated by a factor of 2 in parallelism
+FORECAST_MAX_WAPE = 0.2  # a forecast whose predecessor erred more is not planned with
+FORECAST_MAX_OFFSET = 0.25  # nor one whose first value is this far from the measured level
+NOISE_PRIOR = 0.1  # the per-window CV of the per-slot rate assumed until three windows were measured
 
 
-class DefaultPolicy(GuardedPolicy):
-    name = "default"
-    summary = "DS2's one-step optimal parallelism with backlog catch-up, inside the production controls"
-    needs_forecast = False
+class Measured(BaseModel):
+    """The capacity measured at one parallelism (records/s): a running mean of its windows, then an
+    exponentially weighted one (weight KNOWN_WEIGHT), and how many windows are behind it."""
 
-    def core(self, rates: Analysis, config: JobConfig, state: PlanState, restart_time_s: float) -> Plan:
-        return plan_ds2(rates, config, restart_time_s=restart_time_s)
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    capacity: float
+    n: int = 1
+
+    def add(self, value: float) -> Measured:
+        n = self.n + 1
+        weight = max(1 / n, KNOWN_WEIGHT)
+        return Measured(capacity=(1 - weight) * self.capacity + weight * value, n=n)
+
+
+class SlotStats(BaseModel):
+    """Welford statistics of the per-slot true rate at one parallelism, since the job runs at it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    parallelism: int
+    n: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+
+    def add(self, value: float) -> SlotStats:
+        n = self.n + 1
+        delta = value - self.mean
+        mean = self.mean + delta / n
+        return self.model_copy(update={"n": n, "mean": mean, "m2": self.m2 + delta * (value - mean)})
+
+    @property
+    def cv(self) -> float | None:
+        """The per-window coefficient of variation, once three windows were seen."""
+        if self.n < 3 or self.mean <= 0:
+            return None
+        return math.sqrt(self.m2 / (self.n - 1)) / self.mean
+
+
+class PlannerMemory(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    level: LevelState = Field(default_factory=LevelState)
+    slot: SlotStats | None = None
+    known: dict[str, Measured] = Field(default_factory=dict)  # by parallelism
+    noise_cv: float | None = None  # the latest per-window CV of the per-slot rate
+
+
+def capacities(known: dict[str, Measured], max_parallelism: int, noise_cv: float, z: float,
+               windows_per_step: float) -> np.ndarray:
+    """A lower quantile of the capacity at p = 0..max (index 0 is 0).
+
+    Every measured parallelism q gives an estimate at p: its measured capacity scaled by (p / q)^k,
+    with k fitted through the measured points (a power law, k in EXPONENT_RANGE; EXPONENT_PRIOR with
+    one point) above q and k = 1 below it (slots are no better than linear there: the safe side).
+    Each estimate's relative variance is the measurement's (cv^2 / n) plus EXTRAPOLATION_ERROR per
+    doubling of p / q, squared; the estimates are pooled by inverse variance, so one noisy window at
+    a new parallelism does not outweigh what the others imply. The quantile is the pooled estimate
+    less z times its error and the noise of a step's mean (cv^2 / windows_per_step)."""
+    points = sorted((int(p), m) for p, m in known.items() if m.capacity > 0)
+    out = np.zeros(max_parallelism + 1)
+    if not points:
+        return out
+    if len(points) >= 2:
+        x = np.log([p for p, _ in points])
+        y = np.log([m.capacity for _, m in points])
+        exponent = float(np.clip(np.polyfit(x, y, 1)[0], *EXPONENT_RANGE))
+    else:
+        exponent = EXPONENT_PRIOR
+    q = np.array([p for p, _ in points], dtype=float)
+    c = np.array([m.capacity for _, m in points])
+    n = np.array([m.n for _, m in points], dtype=float)
+    for p in range(1, max_parallelism + 1):
+        k = np.where(p > q, exponent, 1.0)
+        estimates = c * (p / q) ** k
+        variances = noise_cv**2 / n + (np.log2(p / q) * EXTRAPOLATION_ERROR) ** 2
+        weights = 1 / np.maximum(variances, 1e-12)
+        estimate = float((weights * estimates).sum() / weights.sum())
+        relative = math.sqrt(1 / weights.sum() + noise_cv**2 / windows_per_step)
+        out[p] = estimate * max(0.5, 1 - z * relative)
+    return np.maximum.accumulate(out)
+
+
+def planned_rates(level: float, forecast: ForecastView | None, now: float, steps: int, step_s: float) -> np.ndarray:
+    """The arrival rate to plan each step with: the level's upper quantile, raised where a trusted forecast
+    expects more. The forecast counts as its relative change: its upper quantile at the step's middle over
+    its first value, applied to the level (the last value beyond its end). A forecast is trusted when its
+    previous one was accurate (WAPE <= FORECAST_MAX_WAPE) and it starts near the level (within
+    FORECAST_MAX_OFFSET): right after a level shift a forecast fitted across it extrapolates the step."""
+    rates = np.full(steps, level)
+    if forecast is None or not forecast.values or forecast.values[0] <= 0:
+        return rates
+    if forecast.wape is None or not forecast.wape <= FORECAST_MAX_WAPE:
+        return rates
+    first = forecast.values[0]
+    if abs(first / level - 1) > FORECAST_MAX_OFFSET:
+        return rates
+    values = np.asarray(forecast.upper if forecast.upper else forecast.values, dtype=float)
+    times = forecast.start + np.arange(len(values)) * forecast.step_s
+    middles = now + (np.arange(steps) + 0.5) * step_s
+    return np.maximum(rates, level * np.interp(middles, times, values) / first)
+
+
+class CostPlanner:
+    """The default policy (see the module docstring)."""
+
+    name: ClassVar[str] = "default"
+    summary: ClassVar[str] = ("cost-based planner: the least slot-seconds over the next 30 min that keep the backlog "
+                              "within target, with restart costs, forecast and capacity quantiles")
+    needs_forecast: ClassVar[bool] = True
+
+    def __init__(self, horizon_s: float = 1800.0, step_s: float = 60.0, rate_z: float = 1.28,
+                 capacity_z: float = 1.28, action_penalty_slot_s: float = 30.0) -> None:
+        self.horizon_s = horizon_s
+        self.step_s = step_s
+        self.rate_z = rate_z
+        self.capacity_z = capacity_z
+        self.action_penalty_slot_s = action_penalty_slot_s
+
+    def planned_capacity(self, analysis: Analysis, config: JobConfig) -> float | None:
+        rate = analysis.true_processing_rate
+        return analysis.parallelism * rate if analysis.valid and rate > 0 else None
+
+    def decide(self, state: PlanState, analysis: Analysis, config: JobConfig) -> tuple[PlanState, Plan]:
+        memory = PlannerMemory.model_validate(state.policy_state) if state.policy_state else PlannerMemory()
+        now = analysis.window_end
+        if analysis.arrival_rate is not None:
+            level, _ = update_level(memory.level, now, analysis.arrival_rate)
+            memory = memory.model_copy(update={"level": level})
+        early, updates = admit(analysis, config, state)
+        if early is None:
+            memory = self._learn(memory, analysis)
+        updates["policy_state"] = memory.model_dump(mode="json")
+        if early is not None:
+            return state.updated(updates), early
+        state = state.updated(updates)
+        plan = self._plan(memory, analysis, config, state)
+        return state, plan
+
+    def _learn(self, memory: PlannerMemory, analysis: Analysis) -> PlannerMemory:
+        p, rate = analysis.parallelism, analysis.true_processing_rate
+        if rate <= 0 or analysis.utilization <= 0:
+            return memory
+        slot = memory.slot if memory.slot is not None and memory.slot.parallelism == p else SlotStats(parallelism=p)
+        slot = slot.add(rate)
+        known = dict(memory.known)
+        previous = known.get(str(p))
+        known[str(p)] = Measured(capacity=p * rate) if previous is None else previous.add(p * rate)
+        return memory.model_copy(update={"slot": slot, "known": known,
+                                         "noise_cv": slot.cv if slot.cv is not None else memory.noise_cv})
+
+    def problem(self, memory: PlannerMemory, analysis: Analysis, config: JobConfig, state: PlanState
+                ) -> PlanProblem | None:
+        """The planning problem this window poses; None while the arrival level or capacity is unknown."""
+        level = memory.level.upper_level(self.rate_z)
+        if level is None or not memory.known:
+            return None
+        steps = max(1, math.ceil(self.horizon_s / self.step_s))
+        rates = planned_rates(level, analysis.forecast, analysis.window_end, steps, self.step_s)
+        noise = memory.noise_cv if memory.noise_cv is not None else NOISE_PRIOR
+        capacity = capacities(memory.known, config.max_parallelism, noise, self.capacity_z,
+                              max(1.0, self.step_s / WINDOW_S))
+        up, down = downtimes_expected(state.downtimes, config)
+        replay = (analysis.arrival_rate or 0.0) * config.checkpoint_interval_s / 2
+        return PlanProblem(
+            parallelism=analysis.parallelism, backlog=float(analysis.backlog or 0), rates=rates, step_s=self.step_s,
+            capacity=capacity, min_parallelism=config.min_parallelism, downtime_up_s=up, downtime_down_s=down,
+            replay_records=replay, backlog_target_s=config.backlog_target_s,
+            action_penalty_s=self.action_penalty_slot_s,
+        )
+
+    def _plan(self, memory: PlannerMemory, analysis: Analysis, config: JobConfig, state: PlanState) -> Plan:
+        current = analysis.parallelism
+        problem = self.problem(memory, analysis, config, state)
+        if problem is None:
+            return hold(current, "learning", "no arrival level or capacity measured yet", rule=self.name)
+        chosen = solve(problem)
+        alternative = solve(problem, forbid_first=chosen.first) if config.max_parallelism > 1 else None
+        target = chosen.first
+        numbers = _numbers(chosen, alternative, problem)
+        message = (f"plan {describe(chosen, self.step_s)} over {self.horizon_s / 60:g} min costs "
+                   f"{chosen.cost:,.0f} slot-s" + (
+                       f"; next best ({alternative.first} now) {alternative.cost:,.0f}" if alternative else ""))
+        if chosen.violation_s > 0:
+            message += f"; expects {chosen.violation_s:.0f} s of arrivals beyond the backlog target at best"
+        if target == current:
+            return hold(current, "planned_hold", message, rule=self.name, **numbers)
+        action = direction(current, target)
+        reason = DecisionReason(code="cost_plan", rule=self.name, message=message, numbers=numbers)
+        return Plan(action, target, reason, recommended=target)
+
+
+def _numbers(chosen: Schedule, alternative: Schedule | None, problem: PlanProblem) -> dict[str, float | int | None]:
+    return {
+        "plan_cost_slot_s": round(chosen.cost, 1),
+        "alternative_first": alternative.first if alternative else None,
+        "alternative_cost_slot_s": round(alternative.cost, 1) if alternative else None,
+        "expected_violation_s": round(chosen.violation_s, 1),
+        "planned_rate_now": round(float(problem.rates[0]), 2),
+        "planned_rate_max": round(float(problem.rates.max()), 2),
+        "capacity_at_target": round(float(problem.capacity[chosen.first]), 2),
+        "downtime_up_s": round(problem.downtime_up_s, 1),
+        "downtime_down_s": round(problem.downtime_down_s, 1),
+        "rescales_planned": chosen.rescales,
+    }
+

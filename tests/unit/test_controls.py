@@ -18,7 +18,7 @@ from contracts.plan_state import Downtimes, PlanState, expected_restart_time
 from contracts.settings import Settings
 from plan.controls import align, even_parallelism, limit_step
 from plan.ds2 import plan_ds2
-from plan.policies.default import DefaultPolicy
+from plan.policies.reactive import ReactivePolicy
 from plan.policy import Plan
 from plan.step import apply_quota, decide
 from tests.unit.test_ds2 import analysis
@@ -45,7 +45,7 @@ class Loop:
 
     def window(self, rescaling: bool = False, **fields: Any) -> Plan:
         self.state, plan = decide(self.state.model_copy(update={"rescaling": rescaling}), analysis(**fields),
-                                  self.config, DefaultPolicy())
+                                  self.config, ReactivePolicy())
         self.plans.append(plan)
         return plan
 
@@ -287,7 +287,7 @@ def actions(windows: list[Analysis], job_config: JobConfig) -> int:
     state = PlanState()
     count = 0
     for window in windows:
-        state, plan = decide(state, window, job_config, DefaultPolicy())
+        state, plan = decide(state, window, job_config, ReactivePolicy())
         count += plan.action is not Action.NONE
     return count
 

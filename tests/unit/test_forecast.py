@@ -139,7 +139,8 @@ def test_model_and_state_survive_pickle_and_json(model: bytes) -> None:
 @pytest.fixture
 def fake_model(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fc, "update_model", lambda model, new, max_points=None: model)
-    monkeypatch.setattr(fc, "arima_forecast", lambda model, steps: np.full(steps, float(model.decode())))
+    monkeypatch.setattr(fc, "arima_forecast_upper",
+                        lambda model, steps: (np.full(steps, float(model.decode())),) * 2)
 
 
 CONFIG = ForecastConfig(step_s=10, horizon_s=60, min_fit_points=20, poor_loops_before_retrain=3, trend_window_s=50)

@@ -7,7 +7,7 @@ from typing import Any
 from contracts.jobs import JobConfig
 from contracts.messages import Action
 from contracts.plan_state import PlanState
-from plan.policies.default import DefaultPolicy
+from plan.policies.reactive import ReactivePolicy
 from plan.step import decide
 from tests.unit.test_ds2 import analysis
 
@@ -22,7 +22,7 @@ def run(state: PlanState | dict[str, Any], rescaling: bool = False, config: JobC
     """One window through the planner step with the default policy; the plan and the new state."""
     current = state if isinstance(state, PlanState) else PlanState().updated(state)
     new, plan = decide(current.model_copy(update={"rescaling": rescaling}), analysis(**overrides), config,
-                       DefaultPolicy())
+                       ReactivePolicy())
     return plan, new
 
 

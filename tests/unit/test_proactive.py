@@ -16,7 +16,7 @@ from contracts.jobs import JobConfig
 from contracts.messages import Action, Analysis, CapacityView, ForecastView, MetricWindow, RecoveryView, SourceWindow
 from contracts.plan_state import Downtimes, PlanState
 from plan.policies.daedalus import DaedalusPolicy
-from plan.policies.default import DefaultPolicy
+from plan.policies.reactive import ReactivePolicy
 from plan.policies.hybrid import HybridPolicy
 from plan.policy import Plan
 from plan.proactive import plan_proactive, predicted_recovery_s, recovery_notice, regression_capacity
@@ -199,7 +199,7 @@ def test_every_rescale_carries_its_predicted_recovery_and_the_recovery_is_compar
 def test_ds2_rescales_are_predicted_with_ds2_capacity_and_a_flat_forecast() -> None:
     # 5 slots x 100 rec/s = 500 rec/s, 150 spare over 350 arriving; 20 s down: 7,000 records, over
     # once 10 s of arrivals (3,500, the detector's tolerance) are left -> 20 + 23.3 s.
-    a, ds2 = analysis(), DefaultPolicy()
+    a, ds2 = analysis(), ReactivePolicy()
     value = predicted_recovery_s(a, cfg(policy="default"), 5, Downtimes(), ds2.capacity_of(a, cfg()))
     assert value == pytest.approx(20 + (350 * 20 - 3500) / 150, rel=1e-6)
     no_tolerance = cfg(policy="default", backlog_tolerance_s=0)
@@ -223,4 +223,4 @@ def test_a_refit_lost_with_its_worker_is_requested_again() -> None:
     state = ForecastState(retrain_outstanding=True, retrain_id=3)
     again = abandon_retrain(state)
     assert not again.retrain_outstanding and again.retrain_id == 3
-    assert policy_class("hybrid").needs_forecast and not policy_class("default").needs_forecast
+    assert policy_class("hybrid").needs_forecast and not policy_class("reactive").needs_forecast

@@ -1,0 +1,83 @@
+"""The arrival level: rates averaged since the last level shift, with a two-sided CUSUM detector.
+
+Page's CUSUM (E. S. Page, "Continuous inspection schemes", Biometrika 1954), on the log of the
+arrival rate so that a shift is judged relative to the level: per window the standardized
+deviation z = (log rate - level) / sigma adds to an upper and a lower sum, each less a slack `k`
+and floored at 0; a sum above `h` is a level shift. Then the averaging restarts from the new level
+(the windows since the shift only), so a step change is seen at its new level at once, not mixed
+with the old one over a long window. A bounded window (`window_s`) keeps a slow drift from being
+averaged away too.
+
+Pure: `update(state, ...)` returns the new state; the state is a small pydantic model kept in the
+plan state.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict
+
+SLACK = 0.5  # k, in standard deviations: half the smallest shift worth detecting (1 sigma)
+THRESHOLD = 5.0  # h, in standard deviations: about 465 windows between false alarms for k = 0.5
+SIGMA_FLOOR = 0.03  # the log-rate noise assumed at least (3 %): a perfectly steady rate is not a hair trigger
+SIGMA_PRIOR = 0.1  # until a few windows have been seen
+WINDOW_S = 60.0  # the longest averaging, shift or not
+
+
+class LevelState(BaseModel):
+    """Log-rates since the last shift (time, value), the CUSUM sums and the within-level noise."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    points: list[tuple[float, float]] = []
+    upper: float = 0.0
+    lower: float = 0.0
+    noise_n: int = 0
+    noise_mean: float = 0.0  # Welford over deviations from the level, within levels
+    noise_m2: float = 0.0
+    shifts: int = 0
+    shifted_at: float | None = None
+
+    @property
+    def sigma(self) -> float:
+        if self.noise_n < 5:
+            return SIGMA_PRIOR
+        return max(math.sqrt(self.noise_m2 / (self.noise_n - 1)), SIGMA_FLOOR)
+
+    def level(self) -> float | None:
+        """The mean arrival rate since the shift (records/s), None before the first window."""
+        if not self.points:
+            return None
+        return sum(math.exp(v) for _, v in self.points) / len(self.points)
+
+    def upper_level(self, z: float = 1.28) -> float | None:
+        """An upper quantile of the level: the mean plus z standard errors of it."""
+        level = self.level()
+        if level is None:
+            return None
+        return level * math.exp(z * self.sigma / math.sqrt(len(self.points)))
+
+
+def update(state: LevelState, now: float, rate: float, window_s: float = WINDOW_S) -> tuple[LevelState, bool]:
+    """The state after one window's arrival rate, and whether a level shift fired."""
+    if not math.isfinite(rate) or rate <= 0:
+        return state, False
+    value = math.log(rate)
+    points = [(t, v) for t, v in state.points if t > now - window_s]
+    if not points:
+        return state.model_copy(update={"points": [(now, value)], "upper": 0.0, "lower": 0.0}), False
+    mean = sum(v for _, v in points) / len(points)
+    z = (value - mean) / state.sigma
+    upper = max(0.0, state.upper + z - SLACK)
+    lower = max(0.0, state.lower - z - SLACK)
+    if upper > THRESHOLD or lower > THRESHOLD:
+        return state.model_copy(update={"points": [(now, value)], "upper": 0.0, "lower": 0.0,
+                                        "shifts": state.shifts + 1, "shifted_at": now}), True
+    deviation = value - mean
+    n = state.noise_n + 1
+    delta = deviation - state.noise_mean
+    noise_mean = state.noise_mean + delta / n
+    noise_m2 = state.noise_m2 + delta * (deviation - noise_mean)
+    return state.model_copy(update={"points": [*points, (now, value)], "upper": upper, "lower": lower,
+                                    "noise_n": n, "noise_mean": noise_mean, "noise_m2": noise_m2}), False
