@@ -17,8 +17,8 @@ from rich.progress import Progress
 
 from evaluation.convergence import experiment
 from evaluation.report import markdown, plot, print_convergence, print_table
-from evaluation.suite import EVALUATED, EvalSettings, calibration, evaluate_all
-from evaluation.traces import SHARED_TRACES, TRACE_NAMES
+from evaluation.suite import EVALUATED, EvalSettings, calibration, cases_of, evaluate_all, summarize
+from evaluation.traces import REGIMES, SHARED_TRACES, TRACE_NAMES, TraceError, read_trace_file
 from plan.registry import DEFAULT_POLICY, POLICIES
 
 RESULTS = Path("results")  # relative to where the command runs
@@ -27,14 +27,26 @@ RESULTS = Path("results")  # relative to where the command runs
 def evaluate_command(
     policy: Annotated[list[str] | None, typer.Option(help=f"Policies ({', '.join(POLICIES)}); default all.")] = None,
     trace: Annotated[list[str] | None, typer.Option(
-        help=f"Traces ({', '.join(TRACE_NAMES)}); default the five real ones and taylor.")] = None,
+        help=f"Built-in traces ({', '.join(TRACE_NAMES)}); default the five real ones, step-up and drop.")] = None,
+    trace_file: Annotated[list[Path] | None, typer.Option(
+        help="Your own trace: CSV with a header `seconds,rate` (seconds since the start, records/s), any "
+             "regular sampling. Repeatable.")] = None,
     hours: Annotated[float, typer.Option(help="Hours of load replayed per trace.")] = 6.0,
-    peak: Annotated[float, typer.Option(help="Every trace's maximum is mapped to this rate (rec/s).")] = 1400.0,
+    peak: Annotated[float, typer.Option(help="Each trace is scaled by one factor so that its peak (or mean, "
+                                             "see --scaling) is this rate (rec/s).")] = 1400.0,
+    scaling: Annotated[str, typer.Option(help="peak, mean, or stretch (the trace's min..max onto 12.5-100 % of "
+                                              "--peak: changes the trace's ratios).")] = "peak",
+    regime: Annotated[list[str] | None, typer.Option(
+        help="compressed (a row lasts at most 25 s) and/or real-time (rows at their own pace, with the trace's "
+             "own short-term variation between them). Default both.")] = None,
     max_parallelism: Annotated[int, typer.Option(help="Largest parallelism any policy may use.")] = 12,
     backlog_target_s: Annotated[float, typer.Option(help="Backlog target, in seconds of arrivals.")] = 60.0,
-    seed: Annotated[int, typer.Option(help="Seed of the rate noise.")] = 0,
-    workers: Annotated[int, typer.Option(help="Processes, one trace each at a time.")] = 2,
-    json_out: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS / "evaluate.json",
+    seeds: Annotated[int, typer.Option(help="Noise seeds per trace and regime.")] = 5,
+    first_seed: Annotated[int, typer.Option(help="The first noise seed.")] = 0,
+    rate_noise: Annotated[float, typer.Option(help="Per-window log-sd of the processing rate (0.1: 10 %).")] = 0.1,
+    workers: Annotated[int, typer.Option(help="Processes, one case (trace, regime, seed) each at a time.")] = 2,
+    json_out: Annotated[Path, typer.Option("--json", help="Where the JSON goes: per trace x regime x seed x "
+                                           "policy, and the oracle's figures.")] = RESULTS / "evaluate.json",
     plots: Annotated[Path | None, typer.Option(help="Folder of the PNG plots; default next to the JSON.")] = None,
     live: Annotated[bool, typer.Option(help="Replay one trace against the real Spark job through the agents.")] = False,
     live_minutes: Annotated[float, typer.Option(help="--live: minutes of replay.")] = 12.0,
@@ -43,15 +55,31 @@ def evaluate_command(
     """Run the chosen policies on the chosen traces; print a table, write JSON and PNG plots."""
     console = Console(width=None if sys.stdout.isatty() else 150)
     policies = policy or list(EVALUATED)
-    traces = trace or [*SHARED_TRACES, "taylor"]
     for name in policies:
         if name not in POLICIES:
             raise typer.BadParameter(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
-    for name in traces:
+    for name in trace or []:
         if name not in TRACE_NAMES:
-            raise typer.BadParameter(f"unknown trace {name!r}; choose from {', '.join(TRACE_NAMES)}")
-    settings = EvalSettings(hours=hours, peak=peak, max_parallelism=max_parallelism,
-                            backlog_target_s=backlog_target_s, seed=seed)
+            raise typer.BadParameter(f"unknown trace {name!r}; choose from {', '.join(TRACE_NAMES)} "
+                                     "(or pass your own with --trace-file)")
+    files = [str(path) for path in trace_file or []]
+    for path in files:
+        try:
+            read_trace_file(path)
+        except TraceError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--trace-file") from None
+    traces = [*(trace or []), *files] or [*SHARED_TRACES, "step-up", "drop"]
+    if scaling not in ("peak", "mean", "stretch"):
+        raise typer.BadParameter("choose peak, mean or stretch", param_hint="--scaling")
+    regimes = tuple(regime or REGIMES)
+    for name in regimes:
+        if name not in REGIMES:
+            raise typer.BadParameter(f"choose from {', '.join(REGIMES)}", param_hint="--regime")
+    if seeds < 1:
+        raise typer.BadParameter("at least one seed", param_hint="--seeds")
+    settings = EvalSettings(hours=hours, peak=peak, scaling=scaling, max_parallelism=max_parallelism,  # type: ignore[arg-type]
+                            backlog_target_s=backlog_target_s, seeds=seeds, first_seed=first_seed,
+                            rate_noise=rate_noise, regimes=regimes)  # type: ignore[arg-type]
     if live:
         from evaluation.live import run_live_evaluation
 
@@ -59,21 +87,24 @@ def evaluate_command(
                             json_out, live_trace_hours)
         return
     started = time.perf_counter()
+    cases = cases_of(traces, settings)
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task(f"{len(policies)} policies x {len(traces)} traces", total=len(traces))
-        results = evaluate_all(traces, policies, settings, workers,
-                               on_done=lambda name: progress.advance(task))
+        task = progress.add_task(f"{len(policies)} policies x {len(cases)} cases (trace, regime, seed)",
+                                 total=len(cases))
+        results = evaluate_all(traces, policies, settings, workers, on_done=lambda _: progress.advance(task))
     elapsed = time.perf_counter() - started
-    print_table(console, results)
+    summaries = summarize(results)
+    print_table(console, summaries)
     plot_dir = plots or json_out.parent / "evaluate"
-    paths = [plot(result, plot_dir) for result in results]
+    paths = [plot(result, plot_dir) for result in results if result["seed"] == first_seed]
     ds2_convergence = experiment()
     print_convergence(console, ds2_convergence)
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps({
-        "settings": settings.__dict__, "policies": policies, "traces": traces, "wall_s": round(elapsed, 2),
-        "calibration": calibration(), "results": results, "ds2_convergence": ds2_convergence,
+        "settings": {**settings.__dict__, "regimes": list(settings.regimes)}, "policies": policies,
+        "traces": traces, "wall_s": round(elapsed, 2), "workers": workers, "calibration": calibration(),
+        "summaries": summaries, "cases": results, "ds2_convergence": ds2_convergence,
     }, indent=1))
-    json_out.with_suffix(".md").write_text(markdown(results, ds2_convergence))
-    console.print(f"{len(policies)} policies x {len(traces)} traces in {elapsed:.1f} s; wrote {json_out}, "
-                  f"{json_out.with_suffix('.md').name} and {len(paths)} plots in {plot_dir}")
+    json_out.with_suffix(".md").write_text(markdown(summaries, ds2_convergence))
+    console.print(f"{len(policies)} policies x {len(cases)} cases in {elapsed:.1f} s on {workers} workers; wrote "
+                  f"{json_out}, {json_out.with_suffix('.md').name} and {len(paths)} plots in {plot_dir}")

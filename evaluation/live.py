@@ -26,7 +26,7 @@ from evaluation.forecasts import forecast_stream
 from evaluation.jobmodel import demo_model
 from evaluation.simulator import WINDOW_S, PolicyRunner, simulate
 from evaluation.suite import eval_config
-from evaluation.traces import NATIVE_ROW_SECONDS, TRACE_FILES, TRACES, load_trace
+from evaluation.traces import LOW_FRACTION, NATIVE_ROW_SECONDS, TRACE_FILES, TRACES, builtin_series, replay
 from plan.registry import make_policy, policy_class
 from stack.live import LiveRun, run_live
 from stack.processes import start_broker, start_redis, stop_pid
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from evaluation.suite import EvalSettings
     from evaluation.traces import Trace
 
-LOW_FRACTION = 0.125
 COMPARED = ("slot_seconds", "beyond_target_s", "lag_p95_s", "actions")
 
 
@@ -68,7 +67,9 @@ def simulated_replay(trace_name: str, policy: str, settings: EvalSettings, minut
     """The simulator's run of the replay `run_live_evaluation` sends to the real job."""
     replay_s = minutes * 60
     rows = math.ceil(trace_hours * 3600 / NATIVE_ROW_SECONDS[trace_name])
-    trace = load_trace(trace_name, replay_s / 3600, settings.peak, LOW_FRACTION, row_seconds=replay_s / rows)
+    # The load generator maps the trace's min..max onto LOW_FRACTION x peak..peak: so does this replay.
+    trace = replay(builtin_series(trace_name), hours=replay_s / 3600, rate=settings.peak, scaling="stretch",
+                   row_replay_s=replay_s / rows)
     config = eval_config(settings).model_copy(update={"policy": policy})
     forecasts = forecast_stream(trace, config) if policy_class(policy).needs_forecast else None
     run = simulate(trace, demo_model(), PolicyRunner(make_policy(policy), config), config, 1,

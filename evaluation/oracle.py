@@ -9,12 +9,15 @@ Model (discrete time, steps of `dt` seconds; step i covers [i dt, (i + 1) dt)):
     processed = min(backlog + arrivals, capacity[p] x running time)   (running time < dt while restarting)
     backlog   = backlog + arrivals - processed
 
+- The capacity of step i is capacity[p] x rate_factors[i]: the same noise realisation the policies see.
 - Parallelism may change only at multiples of `decision_s`. A change is a rescale: processing stops for
-  `restart_downtime_s` (arrivals keep piling up), the new parallelism is paid from the moment of the rescale,
-  `replay_records` are added to the backlog (replay since the last checkpoint), and no other rescale may start
+  `restart_downtime_s` (a scale-up; `downtime_down_s` for a scale-down) while arrivals keep piling up,
+  the new parallelism is paid from the moment of the rescale, `replay_records` are added to the backlog
+  (replay since the last checkpoint), and no other rescale may start
   until the restart is over (one rescale at a time, as execute's lock enforces).
-- The rule: after each step, backlog <= backlog_target_s x that step's arrival rate, except for the steps that
-  end within `grace_s` seconds after a rescale started (the restart and the recovery right after it).
+- The rule: after each step (after every `check_every`-th step: a window of several steps), backlog <=
+  backlog_target_s x that step's arrival rate, except for the steps that end within `grace_s` seconds after a
+  rescale started (the restart and the recovery right after it).
 - Only "useful" parallelisms are rescale targets: p whose capacity is larger than that of every smaller p
   (`useful_parallelisms`). A slot that adds no capacity is never worth paying for, and without this rule the
   oracle could restart to a useless parallelism only to have the grace hide an unavoidable overload.
@@ -34,6 +37,7 @@ outlasts the trace. Compare autoscalers under the same rule.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,6 +102,8 @@ def oracle_with_restarts(
     dt: float,
     *,
     restart_downtime_s: float = 20.0,
+    downtime_down_s: float | None = None,
+    rate_factors: np.ndarray | None = None,
     replay_records: float = 0.0,
     backlog_target_s: float = 10.0,
     grace_s: float | None = None,
@@ -105,6 +111,8 @@ def oracle_with_restarts(
     initial_parallelism: int = 1,
     initial_backlog: float = 0.0,
     max_front: int = 128,
+    check_every: int = 1,
+    first_decision_s: float = 0.0,
 ) -> OracleResult:
     """The cheapest schedule that keeps the backlog within target, restarts included (see the module docstring).
 
@@ -115,10 +123,11 @@ def oracle_with_restarts(
     longer `grace_s` for a more lenient recovery. `decision_s` must be a multiple of `dt`.
     """
     model = _build(
-        arrival_rates, capacity, dt, restart_downtime_s=restart_downtime_s, replay_records=replay_records,
+        arrival_rates, capacity, dt, restart_downtime_s=restart_downtime_s, downtime_down_s=downtime_down_s,
+        rate_factors=rate_factors, replay_records=replay_records,
         backlog_target_s=backlog_target_s, grace_s=grace_s, decision_s=decision_s,
         initial_parallelism=initial_parallelism, initial_backlog=initial_backlog, max_front=max_front,
-        free_rescales=False,
+        check_every=check_every, first_decision_s=first_decision_s, free_rescales=False,
     )
     return _optimize(model, max_front)
 
@@ -129,6 +138,8 @@ def oracle_without_restarts(
     dt: float,
     *,
     restart_downtime_s: float = 20.0,
+    downtime_down_s: float | None = None,
+    rate_factors: np.ndarray | None = None,
     replay_records: float = 0.0,
     backlog_target_s: float = 10.0,
     grace_s: float | None = None,
@@ -136,6 +147,8 @@ def oracle_without_restarts(
     initial_parallelism: int = 1,
     initial_backlog: float = 0.0,
     max_front: int = 128,
+    check_every: int = 1,
+    first_decision_s: float = 0.0,
 ) -> OracleResult:
     """The looser lower bound: free, instant rescales at every step (no downtime, no replay), same backlog rule.
 
@@ -148,10 +161,11 @@ def oracle_without_restarts(
     only decides whether the first step counts as a rescale.
     """
     model = _build(
-        arrival_rates, capacity, dt, restart_downtime_s=restart_downtime_s, replay_records=replay_records,
+        arrival_rates, capacity, dt, restart_downtime_s=restart_downtime_s, downtime_down_s=downtime_down_s,
+        rate_factors=rate_factors, replay_records=replay_records,
         backlog_target_s=backlog_target_s, grace_s=grace_s, decision_s=decision_s,
         initial_parallelism=initial_parallelism, initial_backlog=initial_backlog, max_front=max_front,
-        free_rescales=True,
+        check_every=check_every, first_decision_s=first_decision_s, free_rescales=True,
     )
     return _optimize(model, max_front)
 
@@ -162,6 +176,8 @@ def _build(
     dt: float,
     *,
     restart_downtime_s: float,
+    downtime_down_s: float | None,
+    rate_factors: np.ndarray | None,
     replay_records: float,
     backlog_target_s: float,
     grace_s: float | None,
@@ -169,6 +185,8 @@ def _build(
     initial_parallelism: int,
     initial_backlog: float,
     max_front: int,
+    check_every: int,
+    first_decision_s: float,
     free_rescales: bool,
 ) -> OracleModel:
     """Validate the arguments and turn them into a OracleModel (a free-rescale model for the relaxation)."""
@@ -183,9 +201,13 @@ def _build(
     block = round(decision_s / dt)
     if block < 1 or abs(block * dt - decision_s) > EPSILON * max(1.0, decision_s):
         raise ValueError("decision_s must be a multiple of dt")
-    if restart_downtime_s < 0 or replay_records < 0 or backlog_target_s < 0 or initial_backlog < 0:
-        raise ValueError("restart_downtime_s, replay_records, backlog_target_s and initial_backlog must be >= 0")
-    grace = restart_downtime_s + backlog_target_s if grace_s is None else grace_s
+    down_s = restart_downtime_s if downtime_down_s is None else downtime_down_s
+    if min(restart_downtime_s, down_s, replay_records, backlog_target_s, initial_backlog) < 0:
+        raise ValueError("downtimes, replay_records, backlog_target_s and initial_backlog must be >= 0")
+    factors = np.ones(len(rates)) if rate_factors is None else np.asarray(rate_factors, dtype=float)
+    if factors.shape != rates.shape or not np.isfinite(factors).all() or (factors <= 0).any():
+        raise ValueError("rate_factors must be one positive factor per step")
+    grace = max(restart_downtime_s, down_s) + backlog_target_s if grace_s is None else grace_s
     if grace < 0:
         raise ValueError("grace_s must be >= 0")
     if not 1 <= initial_parallelism < len(cap):
@@ -196,15 +218,19 @@ def _build(
     arrivals = rates * dt
     scale = max(1.0, float(arrivals.max(initial=0.0)), float(cap[1:].max()) * dt, initial_backlog, replay_records)
     limits = backlog_target_s * rates + EPSILON * scale
-    checked = np.ones(len(rates), dtype=bool)
+    if check_every < 1:
+        raise ValueError("check_every must be >= 1")
+    checked = (np.arange(len(rates)) + 1) % check_every == 0  # the rule is checked at the end of each window
     if free_rescales:
         # Skip the rule wherever some rescale's grace could: the steps ending within grace of a decision time.
         since_boundary = (np.arange(len(rates)) % block + 1) * dt
-        checked = since_boundary > grace + EPSILON
-        restart_downtime_s, grace, replay_records, block = 0.0, 0.0, 0.0, 1
+        checked &= since_boundary > grace + EPSILON
+        restart_downtime_s, down_s, grace, replay_records, block = 0.0, 0.0, 0.0, 0.0, 1
     return OracleModel(
-        arrivals=arrivals, limits=limits, checked=checked, capacity=cap, targets=useful_parallelisms(cap), dt=dt,
-        block=block, downtime_s=restart_downtime_s, grace_s=grace, replay=float(replay_records),
+        arrivals=arrivals, limits=limits, checked=checked, capacity=cap, factors=factors,
+        targets=useful_parallelisms(cap), dt=dt, block=block, downtime_s=restart_downtime_s,
+        downtime_down_s=down_s, grace_s=grace, replay=float(replay_records),
+        first_rescale_block=0 if free_rescales else max(0, math.ceil(first_decision_s / decision_s - EPSILON)),
         initial_parallelism=int(initial_parallelism), initial_backlog=float(initial_backlog),
         free_rescales=free_rescales,
     )

@@ -44,15 +44,18 @@ class OracleModel:
     limits: np.ndarray  # the largest backlog the rule allows after each step, plus a float tolerance
     checked: np.ndarray  # whether the rule applies to the step at all (outside grace)
     capacity: np.ndarray  # records/s at parallelism p, index 0 unused
+    factors: np.ndarray  # per step, what the capacity is multiplied by (the rate noise the policies see)
     targets: np.ndarray  # the parallelisms a rescale may go to
     dt: float
     block: int  # steps per decision
-    downtime_s: float
+    downtime_s: float  # a scale-up's restart
+    downtime_down_s: float  # a scale-down's restart
     grace_s: float
     replay: float
     initial_parallelism: int
     initial_backlog: float
     free_rescales: bool  # rescales cost nothing and change nothing but the parallelism: p is not state
+    first_rescale_block: int = 0  # no rescale before this block (a policy first decides after a window)
 
     @property
     def steps(self) -> int:
@@ -61,14 +64,18 @@ class OracleModel:
     @property
     def age_cap(self) -> int:
         """Blocks after which a rescale neither stops processing nor suspends the rule any more."""
-        longest = max(self.downtime_s, self.grace_s) / (self.block * self.dt)
+        longest = max(self.downtime_s, self.downtime_down_s, self.grace_s) / (self.block * self.dt)
         return max(1, math.ceil(longest - EPSILON))
 
-    def block_profile(self, age: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    def downtime(self, down: int) -> float:
+        """The restart of a rescale in that direction (down: 0 up, 1 down)."""
+        return self.downtime_down_s if down else self.downtime_s
+
+    def block_profile(self, age: int, length: int, down: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Running seconds and grace exemption of each step of a block that starts `age` blocks after the last
-        rescale started (age_cap: long ago, or never)."""
+        rescale (in direction `down`) started (age_cap: long ago, or never)."""
         since = age * self.block * self.dt + (np.arange(length) + 1) * self.dt
-        running = np.clip(since - self.downtime_s, 0.0, self.dt)
+        running = np.clip(since - self.downtime(down), 0.0, self.dt)
         exempt = (since <= self.grace_s + EPSILON) & (age < self.age_cap)
         return running, exempt
 
@@ -86,50 +93,66 @@ def solve(
     model: OracleModel, max_front: int, *, optimistic: bool, feasible_only: bool
 ) -> tuple[np.ndarray, int, int] | None:
     """The DP. Returns the parallelism of each block, and the violating steps and slot-steps it believes; None
-    when `feasible_only` (states that break the rule are dropped) and no state survives."""
+    when `feasible_only` (states that break the rule are dropped) and no state survives.
+
+    A state's key is (parallelism, blocks since the last rescale, that rescale's direction): the direction
+    sets how long the restart stops processing and blocks the next rescale."""
     n, k, cap = model.steps, model.block, model.capacity
     targets = model.targets
     blocks = -(-n // k)
     age_cap = model.age_cap
     weight = (len(cap) - 1) * n + 1  # one violating step outweighs any cost: objective = violations x weight + cost
     decision_s = k * model.dt
-    profiles = {(age, length): model.block_profile(age, length) for age in range(age_cap + 1) for length in {k, n % k}
-                if length}
+    profiles = {(age, length, down): model.block_profile(age, length, down)
+                for age in range(age_cap + 1) for length in {k, n % k} if length for down in (0, 1)}
+    ready_age = [math.ceil(model.downtime(down) / decision_s - EPSILON) for down in (0, 1)]
 
     # The states at the current block boundary, and per block the kept candidates' parent and parallelism.
     obj = np.zeros(1, dtype=np.int64)
     backlog = np.array([model.initial_backlog])
     par = np.array([model.initial_parallelism])
     age = np.array([age_cap])
+    down = np.zeros(1, dtype=np.int64)
     parents: list[np.ndarray] = []
     chosen: list[np.ndarray] = []
 
     for b in range(blocks):
         i0 = b * k
         length = min(k, n - i0)
-        # Candidates: (source state, parallelism for the block, age at the block start, backlog at the start).
+        factors = model.factors[i0: i0 + length]
+        # Candidates: (source state, parallelism for the block, age and direction, backlog at the start).
         hold = np.arange(len(obj))
-        groups = [(int(a), hold[age == a], par[age == a], backlog[age == a]) for a in np.unique(age)]
-        src, q = rescale_candidates(np.flatnonzero(age * decision_s >= model.downtime_s - EPSILON), obj, backlog,
-                                     par, targets)
+        groups = []
+        for a, d in {(int(a), int(d)) for a, d in zip(age.tolist(), down.tolist(), strict=True)}:
+            mask = (age == a) & (down == d)
+            groups.append((a, d, hold[mask], par[mask], backlog[mask]))
+        ready = np.flatnonzero(age >= np.where(down == 1, ready_age[1], ready_age[0]))
+        if b < model.first_rescale_block:
+            ready = ready[:0]
+        src, q = rescale_candidates(ready, obj, backlog, par, targets)
         if len(src):
-            groups.append((0, src, q, backlog[src] + model.replay))
+            is_down = q < par[src]
+            for d in (0, 1):
+                pick = is_down == bool(d)
+                if pick.any():
+                    groups.append((0, d, src[pick], q[pick], backlog[src[pick]] + model.replay))
 
         keys, objs, backs, srcs, qs = [], [], [], [], []
-        for a, g_src, g_q, start in groups:
-            running, exempt = profiles[(a, length)]
+        for a, d, g_src, g_q, start in groups:
+            running, exempt = profiles[(a, length, d)]
             cq = cap[g_q]
             level = start.copy()
             violations = np.zeros(len(g_src), dtype=np.int64)
             for j in range(length):
                 i = i0 + j
                 level += model.arrivals[i]
-                level -= cq * running[j]
+                level -= cq * (factors[j] * running[j])
                 np.maximum(level, 0.0, out=level)
                 if model.checked[i] and not exempt[j]:
                     violations += level > model.limits[i]
             new_age = min(a + 1, age_cap)
-            keys.append(g_q.astype(np.int64) * (age_cap + 1) + new_age)
+            new_down = d if new_age < age_cap else 0
+            keys.append((g_q.astype(np.int64) * (age_cap + 1) + new_age) * 2 + new_down)
             objs.append(obj[g_src] + violations * weight + g_q.astype(np.int64) * length)
             backs.append(level)
             srcs.append(g_src)
@@ -144,7 +167,8 @@ def solve(
 
         keep, backlog = prune(key, cand_obj, cand_back, max_front, optimistic)
         obj, par = cand_obj[keep], cand_q[keep]
-        age = key[keep] % (age_cap + 1)
+        down = key[keep] % 2
+        age = (key[keep] // 2) % (age_cap + 1)
         parents.append(cand_src[keep])
         chosen.append(par)
 
@@ -188,7 +212,7 @@ def solve_free(
     (same backlog, more cost), and none that breaks the rule when another does not (one violation outweighs
     any cost, and a lower parallelism leaves a higher backlog)."""
     n, targets = model.steps, model.targets
-    rate_dt = model.capacity[targets] * model.dt
+    base_dt = model.capacity[targets] * model.dt
     cost = targets.astype(np.int64)
     weight = (len(model.capacity) - 1) * n + 1
     obj = np.zeros(1, dtype=np.int64)
@@ -197,7 +221,7 @@ def solve_free(
     chosen: list[np.ndarray] = []
     for i in range(n):
         level = backlog[:, None] + model.arrivals[i]
-        level = np.maximum(level - rate_dt, 0.0)  # (state, parallelism)
+        level = np.maximum(level - base_dt * model.factors[i], 0.0)  # (state, parallelism)
         empty = level == 0.0
         useful = np.arange(len(targets)) <= np.where(empty.any(axis=1), empty.argmax(axis=1), len(targets))[:, None]
         violates = level > model.limits[i] if model.checked[i] else np.zeros_like(empty)
@@ -280,23 +304,25 @@ def replay(model: OracleModel, schedule: np.ndarray) -> Replayed:
     age_cap = model.age_cap
     parallelism = np.empty(n, dtype=np.int64)
     backlog = np.empty(n)
-    p, level, age = model.initial_parallelism, model.initial_backlog, age_cap
+    p, level, age, down = model.initial_parallelism, model.initial_backlog, age_cap, 0
     violations = cost = rescales = 0
-    profiles: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    profiles: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
     for b, q in enumerate(schedule.tolist()):
         i0 = b * k
         length = min(k, n - i0)
         if q != p:
-            if age * k * model.dt < model.downtime_s - EPSILON:
+            if b < model.first_rescale_block:
+                raise AssertionError("schedule rescales before its first decision")
+            if age < age_cap and age * k * model.dt < model.downtime(down) - EPSILON:
                 raise AssertionError("schedule rescales during a restart")
-            p, age, rescales = q, 0, rescales + 1
+            p, age, down, rescales = q, 0, int(q < p), rescales + 1
             level += model.replay
-        if (age, length) not in profiles:
-            profiles[(age, length)] = model.block_profile(age, length)
-        running, exempt = profiles[(age, length)]
+        if (age, length, down) not in profiles:
+            profiles[(age, length, down)] = model.block_profile(age, length, down)
+        running, exempt = profiles[(age, length, down)]
         for j in range(length):
             i = i0 + j
-            level = max(level + model.arrivals[i] - cap[p] * running[j], 0.0)
+            level = max(level + model.arrivals[i] - cap[p] * model.factors[i] * running[j], 0.0)
             if model.checked[i] and not exempt[j] and level > model.limits[i]:
                 violations += 1
             parallelism[i], backlog[i] = p, level

@@ -9,47 +9,56 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from plan.registry import policy_class
+
+def _ratio(median: float, worst: float) -> str:
+    return f"{median:.2f} ({worst:.2f})"
 
 
-def print_table(console: Console, results: list[dict[str, Any]]) -> None:
-    for result in results:
-        table = Table(title=f"{result['trace']}: {result['description']}; peak {result['peak_rate']:.0f} rec/s, "
-                      f"static {result['static_parallelism']} slots, oracle "
-                      f"{result['oracle']['vs_static_pct']:.0f} % of static", title_justify="left")
-        wape = (result["forecast"] or {}).get("mean_wape")
-        for column in ("policy", "slot-s vs static", "vs oracle", "beyond target", "lag p95", "lag max",
-                       "actions", "capacity err", "forecast WAPE"):
+def _cheapest(summary: dict[str, Any]) -> str:
+    return min(summary["rows"], key=lambda r: r["vs_oracle_median"])["policy"]
+
+
+def print_table(console: Console, summaries: list[dict[str, Any]]) -> None:
+    """Per trace and regime: each policy's cost against the oracle and static, time beyond the backlog
+    target and actions, as the median (worst) over the seeds."""
+    for summary in summaries:
+        table = Table(title=f"{summary['trace']} ({summary['regime']}): {summary['description']}; "
+                      f"{len(summary['seeds'])} seeds; start {summary['start_parallelism']} slots, static "
+                      f"{summary['static_parallelism']}; oracle {100 * summary['oracle_vs_static_median']:.0f} % of "
+                      f"static, {summary['oracle_actions_median']:g} actions", title_justify="left")
+        for column in ("policy", "cost / oracle", "cost / static", "beyond target s", "actions",
+                       "peak backlog"):
             table.add_column(column, justify="right" if column != "policy" else "left")
-        for row in result["runs"]:
+        cheapest = _cheapest(summary)
+        for row in summary["rows"]:
+            name = row["policy"] + (" *" if row["policy"] == cheapest else "")
             table.add_row(
-                row["policy"], f"{row['vs_static_pct']:.0f} %", f"{row['vs_oracle_pct']:.0f} %",
-                f"{row['beyond_target_s'] / 60:.1f} min", f"{row['lag_p95_s']:.0f} s", f"{row['lag_max_s']:.0f} s",
-                str(row["actions"]),
-                "-" if row["capacity_error_pct"] is None else f"{row['capacity_error_pct']:.1f} %",
-                f"{100 * wape:.1f} %" if wape is not None and policy_class(row["policy"]).needs_forecast else "-",
+                name, _ratio(row["vs_oracle_median"], row["vs_oracle_worst"]), f"{row['vs_static_median']:.2f}",
+                f"{row['beyond_target_s_median']:.0f} ({row['beyond_target_s_worst']:.0f})",
+                f"{row['actions_median']:g} ({row['actions_worst']})", f"{row['peak_backlog_worst']:,.0f}",
             )
         console.print(table)
+    console.print("median (worst) over the seeds; * the cheapest policy by median cost")
 
 
-def markdown(results: list[dict[str, Any]], convergence: list[dict[str, Any]]) -> str:
+def markdown(summaries: list[dict[str, Any]], convergence: list[dict[str, Any]]) -> str:
     """The tables of docs/results.md, as the command printed them."""
     lines: list[str] = []
-    for result in results:
-        oracle = result["oracle"]
-        wape = (result["forecast"] or {}).get("mean_wape")
-        lines += [f"**{result['trace']}**: {result['description']}; peak {result['peak_rate']:.0f} rec/s, mean "
-                  f"{result['mean_rate']:.0f}; static {result['static_parallelism']} slots; oracle "
-                  f"{oracle['vs_static_pct']:.0f} % of static with {oracle['rescales']} rescales"
-                  + (" (proven optimal)" if oracle.get("certified_optimal") else "")
-                  + ("" if wape is None else f"; forecast WAPE {100 * wape:.1f} %"), "",
-                  "| policy | slot-s vs static | vs oracle | beyond target | lag p95 | lag max | actions | "
-                  "capacity error |", "|---|---|---|---|---|---|---|---|"]
-        for row in result["runs"]:
-            error = "-" if row["capacity_error_pct"] is None else f"{row['capacity_error_pct']:.1f} %"
-            lines.append(f"| {row['policy']} | {row['vs_static_pct']:.0f} % | {row['vs_oracle_pct']:.0f} % | "
-                         f"{row['beyond_target_s'] / 60:.1f} min | {row['lag_p95_s']:.0f} s | "
-                         f"{row['lag_max_s']:.0f} s | {row['actions']} | {error} |")
+    for summary in summaries:
+        lines += [f"**{summary['trace']}, {summary['regime']}**: {summary['description']}; "
+                  f"{len(summary['seeds'])} seeds; start {summary['start_parallelism']} slots, static "
+                  f"{summary['static_parallelism']}; oracle {100 * summary['oracle_vs_static_median']:.0f} % of "
+                  f"static with {summary['oracle_actions_median']:g} actions (median)"
+                  + (", every run proven optimal" if summary["oracle_all_certified"] else ""), "",
+                  "| policy | cost / oracle | cost / static | beyond target (s) | actions | peak backlog |",
+                  "|---|---|---|---|---|---|"]
+        cheapest = _cheapest(summary)
+        for row in summary["rows"]:
+            name = f"**{row['policy']}**" if row["policy"] == cheapest else row["policy"]
+            lines.append(f"| {name} | {_ratio(row['vs_oracle_median'], row['vs_oracle_worst'])} | "
+                         f"{row['vs_static_median']:.2f} | {row['beyond_target_s_median']:.0f} "
+                         f"({row['beyond_target_s_worst']:.0f}) | {row['actions_median']:g} ({row['actions_worst']}) | "
+                         f"{row['peak_backlog_worst']:,.0f} |")
         lines.append("")
     if convergence:
         lines += ["| pipeline | start | from | optimal | steps (parallelism after each) | reached |",
@@ -86,10 +95,11 @@ def plot(result: dict[str, Any], out_dir: Path) -> Path:
     handles = [*axes[0, 0].get_legend_handles_labels()[0], *axes[0, 0].figure.axes[-1].get_legend_handles_labels()[0]]
     axes[0, 0].legend(handles=handles, loc="upper right", fontsize=7, ncol=5)
     axes[-1, 0].set_xlabel("hours of replay")
-    fig.suptitle(f"{result['trace']}: {result['description']}", fontsize=9)
+    fig.suptitle(f"{result['trace']} ({result['regime']}, seed {result['seed']}): {result['description']}",
+                 fontsize=9)
     fig.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{result['trace']}.png"
+    path = out_dir / f"{Path(result['trace']).stem}-{result['regime']}.png"
     fig.savefig(path, dpi=72)
     plt.close(fig)
     return path

@@ -38,6 +38,7 @@ from plan.step import decide, to_decision
 WINDOW_S = 10.0  # the agents' default loop interval
 REPORTS_PER_WINDOW = 2  # the reporter's interval is half a window, so the backlog's growth is seen
 EPSILON = 1e-9
+REPORT_EARLY_S = 1e-3
 
 
 class PolicyRunner:
@@ -77,6 +78,28 @@ class PolicyRunner:
         return self.policy.planned_capacity(analysis, self.config)
 
 
+class ScheduleRunner:
+    """A fixed schedule driven as a policy: at the end of window i, the parallelism for window i + 1. It
+    replays the oracle's schedule in the simulator, to check that it keeps the target and costs what the
+    oracle computed."""
+
+    name = "schedule"
+
+    def __init__(self, per_window: np.ndarray, window_s: float) -> None:
+        self.per_window = [int(p) for p in per_window]
+        self.window_s = window_s
+
+    def decide(self, analysis: Analysis, *, rescaling: bool) -> int | None:
+        i = round((analysis.window_end - EPOCH) / self.window_s)
+        return self.per_window[i] if i < len(self.per_window) else None
+
+    def on_rescaled(self, from_parallelism: int, to_parallelism: int, downtime_s: float, completed_at: float) -> None:
+        return None
+
+    def planned_capacity(self, analysis: Analysis) -> float | None:
+        return None
+
+
 @dataclass
 class Timeline:
     t: list[float] = field(default_factory=list)
@@ -113,6 +136,14 @@ class PolicyRun:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()} | {"actions": self.actions}
 
 
+def rate_factors(windows: int, seed: int, sigma: float = DEMO_RATE_NOISE) -> np.ndarray:
+    """Per window, the factor every instance's rate is multiplied by (GC pauses, co-located load): log-normal
+    with mean 1 and log-sd `sigma`. The same realisation goes to every policy and to the oracle."""
+    if sigma <= 0:
+        return np.ones(windows)
+    return np.random.default_rng(seed).lognormal(-sigma**2 / 2, sigma, windows)
+
+
 def static_parallelism(model: JobModel, peak: float, max_parallelism: int) -> int:
     """The fewest slots whose capacity carries the peak."""
     for p in range(1, max_parallelism + 1):
@@ -124,7 +155,7 @@ def static_parallelism(model: JobModel, peak: float, max_parallelism: int) -> in
 def simulate(
     trace: Trace,
     model: JobModel,
-    policy: PolicyRunner,
+    policy: PolicyRunner | ScheduleRunner,
     config: JobConfig,
     initial_parallelism: int,
     backlog_target_s: float,
@@ -132,13 +163,13 @@ def simulate(
     seed: int = 0,
     rate_noise: float = DEMO_RATE_NOISE,
     job_id: str = "eval",
+    factors: np.ndarray | None = None,
 ) -> PolicyRun:
     """Replay `trace` into `model` under `policy`, one window at a time (see the module docstring)."""
     started = time.perf_counter()
     w = trace.window_s
     half = w / REPORTS_PER_WINDOW
-    rng = np.random.default_rng(seed)
-    noise = rng.lognormal(-rate_noise**2 / 2, rate_noise, len(trace.rates)) if rate_noise else np.ones(len(trace.rates))
+    noise = rate_factors(len(trace.rates), seed, rate_noise) if factors is None else factors
     state = JobState([initial_parallelism] * (1 if model.fused else len(model.operators)))
     learned = new_learned(config.anomaly_k, config.backlog_tolerance_s) if forecasts is not None else None
     recent: deque[Analysis] = deque(maxlen=60)
@@ -155,7 +186,9 @@ def simulate(
         for k in range(REPORTS_PER_WINDOW):
             s = start + k * half
             outcome = advance(model, state, s, half, rate, float(noise[i]))
-            sent = report(model, state, job_id, s + half, outcome, rate)
+            # Stamped a hair before the interval's end, so that both reports fall in window i (a
+            # report stamped on the boundary opens the next window, as live).
+            sent = report(model, state, job_id, s + half - REPORT_EARLY_S, outcome, rate)
             if sent is not None:
                 window, _ = add_report(window, sent, w)
         if pending_completion is not None and pending_completion[2] <= end:

@@ -13,7 +13,7 @@ See docs/results.md for the current numbers and the calibration.
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -33,80 +33,122 @@ from evaluation.jobmodel import (
     DEMO_KNEE,
     DEMO_RATE_NOISE,
     DEMO_SLOT_RATE,
+    JobModel,
     demo_model,
 )
 from evaluation.oracle import oracle_with_restarts, oracle_without_restarts
-from evaluation.simulator import REPORTS_PER_WINDOW, WINDOW_S, PolicyRunner, Timeline, simulate, static_parallelism
-from evaluation.traces import load_trace
+from evaluation.simulator import (
+    REPORTS_PER_WINDOW,
+    WINDOW_S,
+    PolicyRunner,
+    Timeline,
+    rate_factors,
+    simulate,
+    static_parallelism,
+)
+from evaluation.traces import REGIMES, Regime, Scaling, Trace, load_trace, resolve
 from plan.registry import POLICIES, make_policy, policy_class
 
 # Every policy of the registry, in the order the tables show them: the baselines, then ours.
-EVALUATED = ("static", "threshold", "ds2", "flink", "daedalus", "hybrid", "default")
+EVALUATED = ("static", "threshold", "ds2", "flink", "daedalus", "hybrid", "reactive", "default")
 assert set(EVALUATED) == set(POLICIES), "every registered policy is evaluated"
+SCALED_BASELINES = ("threshold", "flink")  # baselines with time constants of their own
 
 
 @dataclass(frozen=True)
 class EvalSettings:
     hours: float = 6.0
-    peak: float = 1400.0
+    peak: float = 1400.0  # each trace is scaled by one factor so that its peak (or mean) is this rate
+    scaling: Scaling = "peak"
     max_parallelism: int = 12
     backlog_target_s: float = 60.0
-    oracle_decision_s: float = 60.0
-    seed: int = 0
+    seeds: int = 5
+    first_seed: int = 0
     rate_noise: float = DEMO_RATE_NOISE
+    regimes: tuple[Regime, ...] = REGIMES
 
 
 def eval_config(settings: EvalSettings) -> JobConfig:
-    """The default job configuration, with the forecaster's first fit after 30 points (30 minutes at
-    one a minute)."""
-    return JobConfig(max_parallelism=settings.max_parallelism, forecast_min_points=30)
+    """The default job configuration with the evaluation's backlog target, and the forecaster's first
+    fit after 30 points (30 minutes at one a minute)."""
+    return JobConfig(max_parallelism=settings.max_parallelism, forecast_min_points=30,
+                     backlog_target_s=settings.backlog_target_s)
 
 
-def evaluate_trace(name: str, policies: Sequence[str], settings: EvalSettings) -> dict[str, Any]:
+def baseline_parameters(name: str, compression: float) -> dict[str, float]:
+    """A baseline's own time constants (its fields in seconds) shrunk by the time compression, so that it
+    sees as much of the load's shape per decision as it would in real time."""
+    if name not in SCALED_BASELINES or compression <= 1:
+        return {}
+    cls = policy_class(name)
+    return {f.name: f.default / compression for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+            if f.name.endswith("_s") and isinstance(f.default, float)}
+
+
+def start_parallelism(model: JobModel, rates: np.ndarray, max_parallelism: int) -> int:
+    """Where every policy and the oracle start: the fewest slots that carry the first 10 minutes."""
+    return static_parallelism(model, float(rates[: max(1, round(600 / WINDOW_S))].max()), max_parallelism)
+
+
+def oracle_for(trace: Trace, model: JobModel, factors: np.ndarray, start: int, settings: EvalSettings,
+               capacities: np.ndarray) -> tuple[Any, Any]:
+    """The oracle and its free-rescale relaxation in the simulator's own terms: half-window steps (the
+    reporter's interval), a decision at each window's end from the first window on, the rule checked at
+    each window's end, the same noise, the restart of each direction, and the replay the simulator
+    charges (none: decisions fall on checkpoint boundaries)."""
+    half = REPORTS_PER_WINDOW
+    args: dict[str, Any] = {
+        "dt": trace.window_s / half, "restart_downtime_s": model.downtime_up_s,
+        "downtime_down_s": model.downtime_down_s, "rate_factors": np.repeat(factors, half),
+        "replay_records": 0.0, "backlog_target_s": settings.backlog_target_s, "grace_s": 0.0,
+        "decision_s": trace.window_s, "initial_parallelism": start, "check_every": half,
+        "first_decision_s": trace.window_s,
+    }
+    rates = np.repeat(trace.rates, half)
+    return oracle_with_restarts(rates, capacities, **args), oracle_without_restarts(rates, capacities, **args)
+
+
+def evaluate_case(name: str, regime: Regime, seed: int, policies: Sequence[str], settings: EvalSettings
+                  ) -> dict[str, Any]:
+    """One trace in one regime with one noise seed: every policy and the oracle on the same load and noise."""
     started = time.perf_counter()
-    forecasting = [name for name in policies if policy_class(name).needs_forecast]
+    forecasting = [p for p in policies if policy_class(p).needs_forecast]
     if forecasting:
         one_blas_thread()
     model = demo_model()
-    trace = load_trace(name, settings.hours, settings.peak)
+    trace = load_trace(name, settings.hours, settings.peak, WINDOW_S, regime, seed, settings.scaling)
     config = eval_config(settings)
+    factors = rate_factors(len(trace.rates), seed, settings.rate_noise)
     static_p = static_parallelism(model, float(trace.rates.max()), settings.max_parallelism)
+    start = start_parallelism(model, trace.rates, settings.max_parallelism)
     forecasts = forecast_stream(trace, config) if forecasting else None
     capacities = np.array([0.0, *(model.capacity(p) for p in range(1, settings.max_parallelism + 1))])
-    # The oracle keeps the same target at every window (no grace after its rescales: a restart's
-    # backlog, about 27 s of arrivals for the demo job, fits the 60 s target), and replays on
-    # average half a checkpoint interval of the mean rate per restart.
-    oracle_args: dict[str, Any] = {
-        "dt": trace.window_s, "restart_downtime_s": max(model.downtime_up_s, model.downtime_down_s),
-        "replay_records": float(trace.rates.mean()) * model.checkpoint_interval_s / 2,
-        "backlog_target_s": settings.backlog_target_s, "grace_s": 0.0, "decision_s": settings.oracle_decision_s,
-        "initial_parallelism": static_p,
-    }
-    oracle = oracle_with_restarts(trace.rates, capacities, **oracle_args)
-    loose = oracle_without_restarts(trace.rates, capacities, **oracle_args)
+    oracle, loose = oracle_for(trace, model, factors, start, settings, capacities)
     runs = []
     for policy_name in policies:
-        runner = PolicyRunner(make_policy(policy_name), config.model_copy(update={"policy": policy_name}))
-        start_p = static_p if policy_name == "static" else max(1, math.ceil(static_p / 2))
-        runs.append(simulate(trace, model, runner, config, start_p, settings.backlog_target_s,
-                             forecasts if policy_name in forecasting else None, settings.seed, settings.rate_noise))
+        policy = make_policy(policy_name, **baseline_parameters(policy_name, trace.compression))
+        runner = PolicyRunner(policy, config.model_copy(update={"policy": policy_name}))
+        first = static_p if policy_name == "static" else start
+        runs.append(simulate(trace, model, runner, config, first, settings.backlog_target_s,
+                             forecasts if policy_name in forecasting else None, seed, settings.rate_noise,
+                             factors=factors))
     static_cost = static_p * trace.duration_s
-    rows = []
-    for run in runs:
-        rows.append(run.summary() | {
-            "vs_static_pct": round(100 * run.slot_seconds / static_cost, 1),
-            "vs_oracle_pct": round(100 * run.slot_seconds / oracle.slot_seconds, 1),
-        })
+    rows = [run.summary() | {"restarts": run.actions, "peak_backlog": round(max(run.timeline.backlog), 1),
+                             "vs_static": round(run.slot_seconds / static_cost, 4),
+                             "vs_oracle": round(run.slot_seconds / oracle.slot_seconds, 4)} for run in runs]
     return {
-        "trace": name, "description": trace.description, "sha256": trace.sha256, "windows": len(trace.rates),
+        "trace": name, "regime": regime, "seed": seed, "description": trace.description, "sha256": trace.sha256,
+        "compression": trace.compression, "windows": len(trace.rates),
         "peak_rate": round(float(trace.rates.max()), 1), "mean_rate": round(float(trace.rates.mean()), 1),
-        "static_parallelism": static_p, "static_slot_seconds": static_cost,
-        "oracle": {"slot_seconds": round(oracle.slot_seconds, 1), "rescales": oracle.rescales,
-                   "feasible": oracle.feasible, "violation_s": oracle.violation_s,
+        "start_parallelism": start, "static_parallelism": static_p, "static_slot_seconds": static_cost,
+        "oracle": {"slot_seconds": round(oracle.slot_seconds, 1), "actions": oracle.rescales,
+                   "feasible": oracle.feasible, "seconds_beyond_target": oracle.violation_s,
                    "certified_optimal": oracle.certified_optimal,
                    "gap_slot_seconds": round(oracle.gap_slot_seconds, 1),
-                   "vs_static_pct": round(100 * oracle.slot_seconds / static_cost, 1),
-                   "without_restarts_slot_seconds": round(loose.slot_seconds, 1)},
+                   "vs_static": round(oracle.slot_seconds / static_cost, 4),
+                   "peak_backlog": round(float(oracle.backlog.max(initial=0.0)), 1),
+                   "without_restarts_slot_seconds": round(loose.slot_seconds, 1),
+                   "schedule": [int(x) for x in oracle.parallelism[::REPORTS_PER_WINDOW]]},
         "forecast": None if forecasts is None else {
             "mean_wape": round(float(np.mean(forecasts.wapes)), 4) if forecasts.wapes else None,
             "refits": forecasts.refits, "seconds": round(forecasts.seconds, 2),
@@ -115,9 +157,49 @@ def evaluate_trace(name: str, policies: Sequence[str], settings: EvalSettings) -
         "runs": rows,
         "timelines": {run.policy: _thin(run.timeline) for run in runs}
         | {"oracle": {"t": list(np.arange(1, len(trace.rates) + 1) * trace.window_s),
-                      "parallelism": [int(x) for x in oracle.parallelism]}},
+                      "parallelism": [int(x) for x in oracle.parallelism[::REPORTS_PER_WINDOW]]}},
         "seconds": round(time.perf_counter() - started, 2),
     }
+
+
+def summarize(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per trace and regime, each policy's median and worst case over the seeds."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for case in cases:
+        groups.setdefault((case["trace"], case["regime"]), []).append(case)
+    out = []
+    for (trace, regime), group in groups.items():
+        policies = [row["policy"] for row in group[0]["runs"]]
+        rows = []
+        for policy in policies:
+            got = [next(r for r in case["runs"] if r["policy"] == policy) for case in group]
+            rows.append({
+                "policy": policy,
+                "vs_oracle_median": _median([r["vs_oracle"] for r in got]),
+                "vs_oracle_worst": max(r["vs_oracle"] for r in got),
+                "vs_static_median": _median([r["vs_static"] for r in got]),
+                "beyond_target_s_median": _median([r["beyond_target_s"] for r in got]),
+                "beyond_target_s_worst": max(r["beyond_target_s"] for r in got),
+                "actions_median": _median([r["actions"] for r in got]),
+                "actions_worst": max(r["actions"] for r in got),
+                "peak_backlog_worst": max(r["peak_backlog"] for r in got),
+            })
+        oracle = [case["oracle"] for case in group]
+        out.append({
+            "trace": trace, "regime": regime, "seeds": [case["seed"] for case in group],
+            "description": group[0]["description"], "duration_s": group[0]["windows"] * WINDOW_S,
+            "static_parallelism": group[0]["static_parallelism"], "start_parallelism": group[0]["start_parallelism"],
+            "oracle_vs_static_median": _median([o["vs_static"] for o in oracle]),
+            "oracle_actions_median": _median([o["actions"] for o in oracle]),
+            "oracle_all_feasible": all(o["feasible"] for o in oracle),
+            "oracle_all_certified": all(o["certified_optimal"] for o in oracle),
+            "rows": rows,
+        })
+    return out
+
+
+def _median(values: list[float]) -> float:
+    return round(float(np.median(values)), 4)
 
 
 def _thin(timeline: Timeline, every: int = 3) -> dict[str, list[float]]:
@@ -125,22 +207,36 @@ def _thin(timeline: Timeline, every: int = 3) -> dict[str, list[float]]:
     return {k: [round(float(x), 2) for x in v[::every]] for k, v in timeline.__dict__.items()}
 
 
+def cases_of(traces: Sequence[str], settings: EvalSettings) -> list[tuple[str, Regime, int]]:
+    """Every (trace, regime, seed) to run. A trace recorded at 1 s rows plays the same in both regimes:
+    it runs once, as real time."""
+    seeds = range(settings.first_seed, settings.first_seed + settings.seeds)
+    out = []
+    for name in traces:
+        series = resolve(name, settings.hours)
+        regimes = settings.regimes if series.row_s > WINDOW_S else ("real-time",)
+        out += [(name, regime, seed) for regime in regimes for seed in seeds]
+    return out
+
+
 def evaluate_all(traces: Sequence[str], policies: Sequence[str], settings: EvalSettings, workers: int,
-                 on_done: Callable[[str], None] = lambda _: None) -> list[dict[str, Any]]:
-    if workers <= 1 or len(traces) <= 1:
+                 on_done: Callable[[tuple[str, str, int]], None] = lambda _: None) -> list[dict[str, Any]]:
+    """Every case (see `cases_of`), in `workers` processes; the cases in order."""
+    cases = cases_of(traces, settings)
+    if workers <= 1 or len(cases) <= 1:
         results = []
-        for name in traces:
-            results.append(evaluate_trace(name, policies, settings))
-            on_done(name)
+        for case in cases:
+            results.append(evaluate_case(*case, policies, settings))
+            on_done(case)
         return results
-    by_name: dict[str, dict[str, Any]] = {}
+    done: dict[tuple[str, Regime, int], dict[str, Any]] = {}
     # Spawned workers: the parent may hold threads (rich's progress bar), which fork would copy.
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(evaluate_trace, name, list(policies), settings): name for name in traces}
+        futures = {pool.submit(evaluate_case, *case, list(policies), settings): case for case in cases}
         for future in as_completed(futures):
-            by_name[futures[future]] = future.result()
+            done[futures[future]] = future.result()
             on_done(futures[future])
-    return [by_name[name] for name in traces]
+    return [done[case] for case in cases]
 
 
 def calibration() -> dict[str, Any]:

@@ -1,35 +1,84 @@
 """Workload traces: the one loader of trace files, the built-in traces, and their replay per window.
 
-A trace file is CSV with one rate per row in its last column: Daedalus's `second|count`, the
-load-prediction `date,messages`, or `seconds,rate`; a header row is skipped. Built-in traces are
-the five real traces in evaluation/traces (provenance in its README), pmdarima's `taylor`, and two
-synthetic shapes (`steps`, `spikes`).
+A trace is a `Series`: one arrival rate per row, rows a fixed number of seconds apart. It comes
+from a user's file (`read_trace_file`: CSV with a `seconds,rate` header), from a built-in trace
+(`builtin_series`: the five real traces in evaluation/traces, provenance in its README; pmdarima's
+`taylor`; synthetic shapes), or from the load generator's files (`read_rates`).
+
+`replay` turns a series into one arrival rate per evaluation window:
+- **Scaling** by one factor, keeping the trace's ratios: its peak (default) or its mean to the rate
+  asked for. `stretch` (min..max onto 12.5 %..100 % of the peak) is an explicit option only: it
+  turns a load that varies by 7 % into an 8x swing.
+- **Regime** `compressed`: a row lasts at most `COMPRESSED_ROW_S` seconds of replay (5-minute rows
+  play 12x faster), the same rule for every trace. `real-time`: a row lasts its own seconds, and
+  between rows the rate keeps the short-term variability of the trace itself: the log-rate is
+  interpolated between rows and each window gets a deviation drawn (with the seed) from the
+  trace's own row-to-row deviations around its local level, not a straight line between points.
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
 TRACES = HERE / "traces"
 EPSILON = 1e-9
-TRACE_NAMES = ("sine", "cos", "avazu", "iot", "wiki", "taylor", "steps", "spikes")
-SHARED_TRACES = ("sine", "cos", "avazu", "iot", "wiki")  # the five real traces in evaluation/traces
+COMPRESSED_ROW_S = 25.0  # compressed regime: a row lasts at most this long (a 5-minute row: 12x)
+LOW_FRACTION = 0.125  # `stretch`: the trace's minimum goes to this fraction of the peak
 TRACE_FILES = {"sine": "sine_60000_6h.csv", "cos": "cos_40000_6h.csv", "avazu": "avazu_5min.csv",
                "iot": "IoT_5min.csv", "wiki": "wiki_en_5min.csv"}
-ROW_SECONDS = {"sine": 1.0, "cos": 1.0, "avazu": 25.0, "iot": 25.0, "wiki": 25.0, "taylor": 30.0}
 NATIVE_ROW_SECONDS = {"sine": 1.0, "cos": 1.0, "avazu": 300.0, "iot": 300.0, "wiki": 300.0, "taylor": 1800.0}
+SHARED_TRACES = tuple(TRACE_FILES)  # the five real traces in evaluation/traces
+SYNTHETIC = ("step-up", "drop", "steps", "spikes")
+TRACE_NAMES = (*SHARED_TRACES, "taylor", *SYNTHETIC)
+Scaling = Literal["peak", "mean", "stretch"]
+Regime = Literal["compressed", "real-time"]
+REGIMES: tuple[Regime, ...] = ("compressed", "real-time")
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be replayed, with what is wrong and where."""
+
+
+@dataclass(frozen=True)
+class Series:
+    """A recorded load: one rate (records/s) per row, `row_s` seconds apart."""
+
+    name: str
+    values: np.ndarray
+    row_s: float
+    source: str
+    sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A replay: one arrival rate per window."""
+
+    name: str
+    rates: np.ndarray  # records/s per window
+    window_s: float
+    description: str
+    sha256: str | None = None
+    compression: float = 1.0  # seconds of the recorded load per second of replay
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.rates) * self.window_s
 
 
 def read_rates(path: str | Path) -> list[float]:
-    """The value column (the last one) of a `second|count`, `date,messages` or `seconds,rate` trace."""
+    """The value column (the last one) of a `second|count`, `date,messages` or `seconds,rate` trace,
+    header rows skipped: the load generator's lenient reader."""
     text = Path(path).read_text().splitlines()
     if not text:
         return []
@@ -45,6 +94,91 @@ def read_rates(path: str | Path) -> list[float]:
     return values
 
 
+def read_trace_file(path: str | Path) -> Series:
+    """A user's trace: CSV with a header naming `seconds` (since the start) and `rate` (records/s),
+    any regular sampling. Raises TraceError naming the problem and the line."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    rows = list(csv.reader(io.StringIO(raw.decode("utf-8", errors="replace"))))
+    rows = [r for r in rows if any(cell.strip() for cell in r)]
+    if not rows:
+        raise TraceError(f"{path}: empty file; expected a header `seconds,rate` and one row per sample")
+    header = [cell.strip().lower() for cell in rows[0]]
+    missing = [c for c in ("seconds", "rate") if c not in header]
+    if missing:
+        raise TraceError(f"{path}: header {rows[0]} lacks column(s) {', '.join(missing)}; expected `seconds,rate`")
+    si, ri = header.index("seconds"), header.index("rate")
+    if len(rows) < 3:
+        raise TraceError(f"{path}: {len(rows) - 1} sample(s); at least 2 are needed to know the sampling")
+    seconds, rates = [], []
+    for line, row in enumerate(rows[1:], start=2):
+        try:
+            t, r = float(row[si]), float(row[ri])
+        except (ValueError, IndexError):
+            raise TraceError(f"{path}, line {line}: {row} is not two numbers under seconds,rate") from None
+        if not (math.isfinite(t) and math.isfinite(r)):
+            raise TraceError(f"{path}, line {line}: {row} is not finite")
+        if t < 0:
+            raise TraceError(f"{path}, line {line}: negative time {t:g} s")
+        if r < 0:
+            raise TraceError(f"{path}, line {line}: negative rate {r:g}")
+        if seconds and t <= seconds[-1]:
+            raise TraceError(f"{path}, line {line}: time {t:g} s is not after {seconds[-1]:g} s (rows must be sorted)")
+        seconds.append(t)
+        rates.append(r)
+    steps = np.diff(seconds)
+    row_s = float(np.median(steps))
+    if np.abs(steps - row_s).max() > 0.01 * row_s + EPSILON:
+        worst = int(np.abs(steps - row_s).argmax())
+        raise TraceError(f"{path}, line {worst + 3}: irregular sampling ({steps[worst]:g} s after the previous "
+                         f"row; most rows are {row_s:g} s apart)")
+    if max(rates) <= 0:
+        raise TraceError(f"{path}: every rate is 0")
+    return Series(path.stem, np.asarray(rates, dtype=float), row_s, path.name, hashlib.sha256(raw).hexdigest())
+
+
+def _synthetic(name: str, hours: float) -> np.ndarray:
+    """One row a second. `step-up`: a quarter of the peak, then the peak from the second hour on (x4);
+    `drop`: the peak, then a quarter of it from the second hour on (/4); `steps`: a level every 30 min;
+    `spikes`: a quiet base with a 3-minute burst to the peak every 45 minutes."""
+    t = np.arange(round(hours * 3600), dtype=float)
+    if name == "step-up":
+        return np.where(t < 3600, 0.25, 1.0)
+    if name == "drop":
+        return np.where(t < 3600, 1.0, 0.25)
+    if name == "steps":
+        levels = np.array([0.2, 0.6, 0.3, 1.0, 0.5, 0.8, 0.15, 0.7, 0.4, 0.9, 0.25, 0.55])
+        return levels[(t // 1800).astype(int) % len(levels)]
+    return np.where((t % 2700) >= 2520, 1.0, 0.3)
+
+
+def builtin_series(name: str, hours: float = 6.0) -> Series:
+    """A built-in trace (`TRACE_NAMES`); synthetic ones are made `hours` long."""
+    if name in SYNTHETIC:
+        return Series(name, _synthetic(name, hours), 1.0, f"synthetic {name}")
+    if name == "taylor":
+        import pmdarima as pm
+
+        return Series(name, np.asarray(pm.datasets.load_taylor(), dtype=float), NATIVE_ROW_SECONDS[name],
+                      "pmdarima.datasets.load_taylor()")
+    if name not in TRACE_FILES:
+        raise TraceError(f"unknown trace {name!r}; built-in: {', '.join(TRACE_NAMES)} (or pass a file)")
+    path = TRACES / TRACE_FILES[name]
+    return Series(name, np.asarray(read_rates(path), dtype=float), NATIVE_ROW_SECONDS[name], TRACE_FILES[name],
+                  hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def recorded_trace(name: str) -> tuple[np.ndarray, str, str | None]:
+    """A recorded built-in trace's rows (at `NATIVE_ROW_SECONDS[name]`), its source and its sha256."""
+    if name not in NATIVE_ROW_SECONDS:
+        raise TraceError(f"unknown recorded trace {name!r}; known: {', '.join(NATIVE_ROW_SECONDS)}")
+    series = builtin_series(name)
+    return series.values, series.source, series.sha256
+
+
 def scale_rates(
     values: Sequence[float],
     *,
@@ -53,8 +187,8 @@ def scale_rates(
     low: float | None = None,
     high: float | None = None,
 ) -> list[float]:
-    """Scale a trace, keeping its shape: to a peak, to a mean, or linearly onto low..high."""
-    if not values:
+    """Scale a trace: by one factor to a peak or a mean (ratios kept), or linearly onto low..high."""
+    if not len(values):
         return []
     chosen = sum(x is not None for x in (peak, mean)) + (1 if low is not None or high is not None else 0)
     if chosen > 1:
@@ -75,67 +209,69 @@ def scale_rates(
     return list(values)
 
 
-@dataclass(frozen=True)
-class Trace:
-    name: str
-    rates: np.ndarray  # records/s per window
-    window_s: float
-    description: str
-    sha256: str | None = None
-
-    @property
-    def duration_s(self) -> float:
-        return len(self.rates) * self.window_s
-
-
-def _synthetic(name: str, seconds: int) -> np.ndarray:
-    t = np.arange(seconds, dtype=float)
-    if name == "steps":  # a level every 30 minutes, up and down
-        levels = np.array([0.2, 0.6, 0.3, 1.0, 0.5, 0.8, 0.15, 0.7, 0.4, 0.9, 0.25, 0.55])
-        return levels[(t // 1800).astype(int) % len(levels)]
-    # spikes: a quiet base with a 3-minute burst to the peak every 45 minutes
-    return np.where((t % 2700) >= 2520, 1.0, 0.3)
+def own_deviations(values: np.ndarray, span: int = 5) -> np.ndarray:
+    """The trace's short-term variability: each row's log deviation from its local level (the
+    centred mean of `span` rows), rows at 0 left out."""
+    positive = values[values > 0]
+    if len(positive) < span + 1:
+        return np.zeros(1)
+    logs = np.log(positive)
+    level = np.convolve(logs, np.ones(span) / span, mode="same")
+    edge = span // 2
+    return (logs - level)[edge: len(logs) - edge]
 
 
-def recorded_trace(name: str) -> tuple[np.ndarray, str, str | None]:
-    """A recorded built-in trace's rows (one rate per row, at `NATIVE_ROW_SECONDS[name]`), where they
-    come from, and the file's sha256."""
-    if name == "taylor":
-        import pmdarima as pm
+def replay(series: Series, *, hours: float = 6.0, rate: float = 1400.0, scaling: Scaling = "peak",
+           regime: Regime = "compressed", window_s: float = 10.0, seed: int = 0,
+           row_replay_s: float | None = None) -> Trace:
+    """`hours` of replay of `series` as one arrival rate per window (see the module docstring).
 
-        return np.asarray(pm.datasets.load_taylor(), dtype=float), "pmdarima.datasets.load_taylor()", None
-    if name not in TRACE_FILES:
-        raise ValueError(f"unknown recorded trace {name!r}; known: {', '.join([*TRACE_FILES, 'taylor'])}")
-    path = TRACES / TRACE_FILES[name]
-    return np.asarray(read_rates(path), dtype=float), TRACE_FILES[name], hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def load_trace(name: str, hours: float = 6.0, peak: float = 1400.0, low_fraction: float = 0.125,
-               window_s: float = 10.0, row_seconds: float | None = None) -> Trace:
-    """`hours` of replay as one arrival rate per window, the trace's min..max mapped linearly onto
-    `low_fraction` x peak .. peak (the shape is kept). One row of the trace lasts `row_seconds` of
-    replay (default `ROW_SECONDS`: slower traces are time-compressed)."""
+    The factor is taken over the replayed part, so `rate` is its peak (or mean). `row_replay_s`
+    overrides the regime's row length (the live evaluation fits a number of rows into minutes)."""
+    if hours <= 0 or rate <= 0 or window_s <= 0:
+        raise ValueError("hours, rate and window_s must be positive")
     seconds = round(hours * 3600)
-    digest = None
-    if name in ("steps", "spikes"):
-        raw, row_s, what = _synthetic(name, seconds), 1.0, f"synthetic {name}"
-    else:
-        values, source, digest = recorded_trace(name)
-        row_s = row_seconds or ROW_SECONDS[name]
-        rows = min(len(values), math.ceil(seconds / row_s))
-        raw = values[:rows]
-        compression = NATIVE_ROW_SECONDS[name] / row_s
-        covered = rows * NATIVE_ROW_SECONDS[name] / 3600
-        what = (f"{source}: first {covered:g} h of the trace" + (
-            f", {compression:g}x compressed (one {NATIVE_ROW_SECONDS[name]:g}-s row = {row_s:g} s)"
-            if compression > 1 else " in real time"))
-    mapped = np.asarray(scale_rates(list(raw), low=low_fraction * peak, high=peak))
+    if row_replay_s is None:
+        row_replay_s = series.row_s if regime == "real-time" else min(series.row_s, COMPRESSED_ROW_S)
+    compression = series.row_s / row_replay_s
+    rows = min(len(series.values), math.ceil(seconds / row_replay_s))
+    raw = series.values[:rows]
     windows = math.ceil(seconds / window_s - EPSILON)
     midpoints = (np.arange(windows) + 0.5) * window_s
-    if row_s >= window_s:
-        rates = np.interp(midpoints, (np.arange(len(mapped)) + 0.5) * row_s, mapped)
-    else:  # average the rows of each window
-        per = round(window_s / row_s)
-        usable = mapped[: (len(mapped) // per) * per]
-        rates = usable.reshape(-1, per).mean(axis=1)[:windows]
-    return Trace(name, rates, window_s, what, digest)
+    if row_replay_s < window_s:  # several rows per window: their mean
+        per = round(window_s / row_replay_s)
+        usable = raw[: (len(raw) // per) * per]
+        shaped = usable.reshape(-1, per).mean(axis=1)[:windows]
+    elif regime == "real-time" and row_replay_s > window_s:
+        positive = np.maximum(raw, max(float(raw.max()) * 1e-6, EPSILON))
+        level = np.exp(np.interp(midpoints, (np.arange(len(raw)) + 0.5) * row_replay_s, np.log(positive)))
+        rng = np.random.default_rng(seed)
+        wiggle = np.exp(rng.choice(own_deviations(series.values), size=windows))
+        shaped = level * wiggle / wiggle.mean()
+    else:
+        shaped = np.interp(midpoints, (np.arange(len(raw)) + 0.5) * row_replay_s, raw)
+    if scaling == "stretch":
+        scaled = np.asarray(scale_rates(list(shaped), low=LOW_FRACTION * rate, high=rate))
+    else:
+        scaled = np.asarray(scale_rates(list(shaped), **{scaling: rate}))
+    covered = rows * series.row_s / 3600
+    how = "in real time" if compression <= 1 + EPSILON else (
+        f"{compression:g}x compressed (one {series.row_s:g}-s row = {row_replay_s:g} s)")
+    what = f"{series.source}: first {covered:g} h, {how}, scaled to a {scaling} of {rate:g} rec/s"
+    return Trace(series.name, scaled, window_s, what, series.sha256, compression)
+
+
+def resolve(name_or_path: str, hours: float = 6.0) -> Series:
+    """A built-in trace by name, or a user's `seconds,rate` file by path."""
+    if name_or_path in TRACE_NAMES:
+        return builtin_series(name_or_path, hours)
+    if Path(name_or_path).suffix or Path(name_or_path).exists():
+        return read_trace_file(name_or_path)
+    raise TraceError(f"unknown trace {name_or_path!r}; built-in: {', '.join(TRACE_NAMES)} (or pass a file)")
+
+
+def load_trace(name: str, hours: float = 6.0, peak: float = 1400.0, window_s: float = 10.0,
+               regime: Regime = "compressed", seed: int = 0, scaling: Scaling = "peak") -> Trace:
+    """A built-in trace or a file, replayed (see `replay`)."""
+    return replay(resolve(name, hours), hours=hours, rate=peak, scaling=scaling, regime=regime,
+                  window_s=window_s, seed=seed)

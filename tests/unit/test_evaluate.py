@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +13,17 @@ from typer.testing import CliRunner
 
 from evaluation.cli import evaluate_command
 from evaluation.jobmodel import demo_model
-from evaluation.simulator import PolicyRunner, simulate, static_parallelism
-from evaluation.suite import EvalSettings, eval_config, evaluate_trace
-from evaluation.traces import load_trace
+from evaluation.simulator import (
+    REPORTS_PER_WINDOW,
+    WINDOW_S,
+    PolicyRunner,
+    ScheduleRunner,
+    rate_factors,
+    simulate,
+    static_parallelism,
+)
+from evaluation.suite import EvalSettings, eval_config, evaluate_case, oracle_for, start_parallelism
+from evaluation.traces import TraceError, builtin_series, load_trace, own_deviations, read_trace_file
 from plan.policies.static import StaticPolicy
 
 evaluate_app = typer.Typer()
@@ -26,17 +35,41 @@ def static(settings: EvalSettings) -> PolicyRunner:
 
 
 @pytest.mark.parametrize("name", ["sine", "wiki", "steps"])
-def test_traces_are_mapped_onto_the_chosen_range_and_last_the_chosen_hours(name: str) -> None:
+def test_traces_are_scaled_by_one_factor_to_the_peak_and_last_the_chosen_hours(name: str) -> None:
     trace = load_trace(name, hours=2.0, peak=1000.0)
     assert len(trace.rates) == 720  # 2 h of 10-s windows
-    assert trace.rates.max() <= 1000.0 + 1e-6
-    assert trace.rates.min() >= 125.0 - 1e-6
-    assert trace.rates.max() > 900.0  # the peak is reached (up to window averaging)
+    assert trace.rates.max() == pytest.approx(1000.0)
+    # One factor: the ratios of the trace are kept (a stretch would map its minimum to 12.5 %).
+    raw = load_trace(name, hours=2.0, peak=1.0)
+    assert np.allclose(trace.rates, raw.rates * 1000.0)
+
+
+def test_stretching_the_range_is_an_explicit_option() -> None:
+    stretched = load_trace("wiki", hours=2.0, peak=1000.0, scaling="stretch")
+    assert stretched.rates.min() == pytest.approx(125.0) and stretched.rates.max() == pytest.approx(1000.0)
+    assert load_trace("wiki", hours=2.0, peak=1000.0).rates.min() > 300.0  # wiki varies far less than 8x
+
+
+def test_scaling_to_the_mean() -> None:
+    assert load_trace("avazu", hours=2.0, peak=500.0, scaling="mean").rates.mean() == pytest.approx(500.0)
 
 
 def test_compression_is_stated() -> None:
     assert "12x compressed" in load_trace("wiki", hours=1.0).description
     assert "real time" in load_trace("sine", hours=1.0).description
+    assert "real time" in load_trace("wiki", hours=1.0, regime="real-time").description
+
+
+def test_real_time_replay_keeps_the_traces_own_short_term_variation() -> None:
+    a, b = (load_trace("wiki", hours=6.0, regime="real-time", seed=s) for s in (1, 2))
+    steps = np.abs(np.diff(np.log(a.rates)))
+    # Not a straight line between 5-minute rows: windows within a row differ...
+    assert np.median(steps) > 0.001
+    # ...by about what the trace itself varies from row to row around its local level.
+    own = np.std(own_deviations(builtin_series("wiki").values))
+    assert 0.3 * own < np.std(np.diff(np.log(a.rates))) / np.sqrt(2) < 3 * own
+    assert not np.allclose(a.rates, b.rates)  # each seed its own realisation
+    assert np.array_equal(a.rates, load_trace("wiki", hours=6.0, regime="real-time", seed=1).rates)
 
 
 def test_static_pays_its_slots_for_the_whole_replay_and_never_rescales() -> None:
@@ -49,34 +82,86 @@ def test_static_pays_its_slots_for_the_whole_replay_and_never_rescales() -> None
     assert run.actions == 0 and run.beyond_target_s == 0
 
 
-def test_every_record_is_accounted_for_in_an_autoscaled_run() -> None:
-    result = evaluate_trace("steps", ["static", "default", "ds2"], EvalSettings(hours=1.0, peak=1000.0))
+def test_a_case_runs_every_policy_and_the_oracle_on_the_same_load_and_noise() -> None:
+    result = evaluate_case("steps", "compressed", 0, ["static", "default", "ds2"], EvalSettings(hours=1.0, peak=1000.0))
     runs = {r["policy"]: r for r in result["runs"]}
     assert runs["default"]["actions"] > 0
     assert runs["default"]["slot_seconds"] < runs["static"]["slot_seconds"]
-    # The oracle is a schedule too: never costlier than static provisioning, which meets the target.
     assert result["oracle"]["slot_seconds"] <= result["static_slot_seconds"]
     assert result["oracle"]["feasible"]
     for run in result["runs"]:
-        assert run["vs_oracle_pct"] == pytest.approx(100 * run["slot_seconds"] / result["oracle"]["slot_seconds"],
-                                                     abs=0.1)
+        assert run["vs_oracle"] == pytest.approx(run["slot_seconds"] / result["oracle"]["slot_seconds"], abs=1e-3)
+        assert {"slot_seconds", "beyond_target_s", "actions", "restarts", "peak_backlog"} <= set(run)
     assert set(result["timelines"]) == {"static", "default", "ds2", "oracle"}
+
+
+def test_the_oracles_schedule_replayed_in_the_simulator_keeps_the_target_at_the_cost_it_computed() -> None:
+    settings = EvalSettings(hours=2.0, peak=1000.0)
+    for name, regime, seed in (("steps", "compressed", 0), ("wiki", "real-time", 3), ("drop", "compressed", 1)):
+        trace = load_trace(name, settings.hours, settings.peak, WINDOW_S, regime, seed)
+        model = demo_model()
+        factors = rate_factors(len(trace.rates), seed, settings.rate_noise)
+        start = start_parallelism(model, trace.rates, settings.max_parallelism)
+        capacities = np.array([0.0, *(model.capacity(p) for p in range(1, settings.max_parallelism + 1))])
+        oracle, loose = oracle_for(trace, model, factors, start, settings, capacities)
+        assert oracle.feasible and loose.slot_seconds <= oracle.slot_seconds + 1e-6
+        schedule = ScheduleRunner(oracle.parallelism[::REPORTS_PER_WINDOW], trace.window_s)
+        run = simulate(trace, model, schedule, eval_config(settings), start, settings.backlog_target_s,
+                       factors=factors)
+        assert run.beyond_target_s == 0, (name, regime)
+        assert run.slot_seconds == pytest.approx(oracle.slot_seconds)
+        assert run.actions == oracle.rescales
 
 
 def test_the_command_prints_a_table_and_writes_json_and_plots(tmp_path: Path) -> None:
     out = tmp_path / "evaluate.json"
-    result = CliRunner().invoke(evaluate_app, ["--policy", "default", "--policy", "threshold", "--trace", "spikes",
-                                            "--hours", "0.5", "--workers", "1", "--json-out", str(out)])
+    mine = tmp_path / "mine.csv"
+    mine.write_text("seconds,rate\n" + "".join(f"{60 * i},{100 + (i % 20) * 10}\n" for i in range(60)))
+    result = CliRunner().invoke(evaluate_app, [
+        "--policy", "default", "--policy", "threshold", "--trace", "spikes", "--trace-file", str(mine),
+        "--hours", "0.5", "--seeds", "2", "--regime", "compressed", "--workers", "1", "--json", str(out)])
     assert result.exit_code == 0, result.output
-    assert "spikes" in result.output and "threshold" in result.output
+    assert "spikes" in result.output and "threshold" in result.output and "mine" in result.output
     data = json.loads(out.read_text())
-    assert [r["policy"] for r in data["results"][0]["runs"]] == ["default", "threshold"]
-    assert (tmp_path / "evaluate" / "spikes.png").stat().st_size > 10_000
-    assert "| default |" in (tmp_path / "evaluate.md").read_text()
+    cases = [(c["trace"], c["regime"], c["seed"]) for c in data["cases"]]
+    assert cases == [("spikes", "real-time", 0), ("spikes", "real-time", 1),
+                     (str(mine), "compressed", 0), (str(mine), "compressed", 1)]
+    assert [r["policy"] for r in data["cases"][0]["runs"]] == ["default", "threshold"]
+    assert {"slot_seconds", "actions", "seconds_beyond_target"} <= set(data["cases"][0]["oracle"])
+    assert (tmp_path / "evaluate" / "spikes-real-time.png").stat().st_size > 10_000
+    assert "| default |" in (tmp_path / "evaluate.md").read_text() or "| **default** |" in \
+        (tmp_path / "evaluate.md").read_text()
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("", "empty file"),
+    ("time,rate\n0,1\n1,2\n", "lacks column(s) seconds"),
+    ("seconds,rate\n0,1\n", "at least 2 are needed"),
+    ("seconds,rate\n0,1\n10,2\n5,3\n", "rows must be sorted"),
+    ("seconds,rate\n-10,1\n0,2\n10,3\n", "negative time"),
+    ("seconds,rate\n0,1\n10,-2\n20,3\n", "negative rate"),
+    ("seconds,rate\n0,1\n10,lots\n20,3\n", "is not two numbers"),
+    ("seconds,rate\n0,1\n10,2\n30,3\n", "irregular sampling"),
+])
+def test_a_bad_trace_file_gets_a_clear_error(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    with pytest.raises(TraceError, match=re.escape(expected)):
+        read_trace_file(path)
+    result = CliRunner().invoke(evaluate_app, ["--trace-file", str(path), "--json", str(tmp_path / "x.json")])
+    assert result.exit_code != 0 and expected.split()[0] in result.output
+
+
+def test_a_trace_file_with_its_own_sampling(tmp_path: Path) -> None:
+    path = tmp_path / "five.csv"
+    path.write_text("rate,seconds\n" + "".join(f"{10 + i},{300 * i}\n" for i in range(100)))
+    series = read_trace_file(path)
+    assert series.row_s == 300.0 and series.values[3] == 13.0
+    assert "12x compressed" in load_trace(str(path), hours=1.0).description
 
 
 def test_the_command_refuses_an_unknown_policy(tmp_path: Path) -> None:
-    result = CliRunner().invoke(evaluate_app, ["--policy", "magic", "--json-out", str(tmp_path / "x.json")])
+    result = CliRunner().invoke(evaluate_app, ["--policy", "magic", "--json", str(tmp_path / "x.json")])
     assert result.exit_code != 0
     assert "unknown policy" in result.output
 

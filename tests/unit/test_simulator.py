@@ -14,7 +14,7 @@ from contracts.messages import Analysis
 from evaluation.jobmodel import EPOCH, JobModel, Operator
 from evaluation.simulator import PolicyRunner, simulate
 from evaluation.traces import Trace
-from plan.policies.default import DefaultPolicy
+from plan.policies.reactive import ReactivePolicy
 from plan.policies.threshold import ThresholdPolicy
 
 W = 10.0
@@ -76,16 +76,15 @@ def test_too_few_slots_grow_the_backlog_linearly() -> None:
 
 
 def test_a_restart_stops_processing_for_exactly_the_downtime_and_pays_the_new_slots() -> None:
-    # The reporter stamps a window's last report at the window's end, which the monitor files under
-    # the next window: the decision on the window labelled 100 s is taken at simulated second 90.
+    # Both reports of a window fall in it: the decision on the window labelled 100 s is taken at 100 s.
     policy = Script({100.0: 15})
     result = run(trace(1000.0, windows=30), policy, 12)
     assert (result.scale_ups, result.scale_downs) == (1, 0)
-    # Stopped from 90 s to 110 s: 20,000 records pile up, then drain at 1,500 - 1,000 rec/s.
-    assert result.timeline.backlog[8:12] == pytest.approx([0, 10_000, 20_000, 15_000])
-    assert policy.completed == [(12, 15, 20.0, 110.0)]
+    # Stopped from 100 s to 120 s: 20,000 records pile up, then drain at 1,500 - 1,000 rec/s.
+    assert result.timeline.backlog[9:13] == pytest.approx([0, 10_000, 20_000, 15_000])
+    assert policy.completed == [(12, 15, 20.0, 120.0)]
     # The restart's slots are paid at the new parallelism.
-    assert result.slot_seconds == 12 * 90 + 15 * 210
+    assert result.slot_seconds == 12 * 100 + 15 * 200
     assert result.final_backlog == pytest.approx(0)
 
 
@@ -93,7 +92,7 @@ def test_no_window_closes_while_the_job_is_stopped_and_the_next_one_follows_the_
     policy = Script({100.0: 15, 130.0: 20}, while_rescaling=30)
     result = run(trace(1000.0, windows=20), policy, 12)
     labels = [t for t, _, _ in policy.calls]
-    # No reports from 90 s to 110 s: no window labelled 110 or 120; the restart ended before the next.
+    # No reports from 100 s to 120 s: no window labelled 110 or 120; the restart ended before the next.
     assert 100.0 in labels and 110.0 not in labels and 120.0 not in labels and 130.0 in labels
     assert not any(rescaling for _, rescaling, _ in policy.calls) and result.ignored_decisions == 0
     # Once the restart completed, an answer is a rescale again.
@@ -170,7 +169,7 @@ def test_threshold_in_the_simulator_scales_up_once_then_stabilizes() -> None:
 
 def test_the_default_policy_keeps_up_with_a_step_and_records_what_execute_records() -> None:
     load = trace(*([500.0] * 60 + [1500.0] * 180))
-    policy = PolicyRunner(DefaultPolicy(), JobConfig(target_utilization=0.7, max_parallelism=32))
+    policy = PolicyRunner(ReactivePolicy(), JobConfig(target_utilization=0.7, max_parallelism=32))
     result = run(load, policy, 8)
     assert result.scale_ups >= 1 and result.ignored_decisions == 0
     assert result.timeline.parallelism[-1] * 100 >= 1500  # keeps up at the end
