@@ -139,6 +139,8 @@ def fit_model(history: Sequence[float] | np.ndarray, config: ForecastConfig | No
     y = _series(history, "history")[-config.history_points:]
     if y.size < 10:
         raise ValueError(f"a fit needs at least 10 points, got {y.size}")
+    if np.ptp(y) <= 1e-9 * max(1.0, abs(float(y[0]))):
+        return _constant_model(y).to_bytes()
     seasonal = config.seasonal_period > 1
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -162,6 +164,14 @@ def fit_model(history: Sequence[float] | np.ndarray, config: ForecastConfig | No
             n_jobs=1,
         )
     return dump_model(model)
+
+
+def _constant_model(y: np.ndarray) -> ArimaModel:
+    """A constant series as a model: its value as the mean and a negligible variance. (auto_arima returns
+    an ARIMA(0,0,0) for it whose statsmodels results lose the intercept, so it would forecast zeros.)"""
+    value = float(y[-1])
+    spec = {"order": [0, 0, 0], "seasonal_order": [0, 0, 0, 0], "trend": "c"}
+    return ArimaModel(spec, (value, max((1e-3 * abs(value)) ** 2, 1e-12)), tuple(float(x) for x in y))
 
 
 def model_points(model_bytes: bytes) -> np.ndarray:

@@ -120,6 +120,12 @@ def test_update_model_moves_the_forecast(series: np.ndarray, model: bytes) -> No
     assert update_model(model, []) is model
 
 
+def test_a_constant_series_forecasts_its_value_with_a_narrow_interval() -> None:
+    model = load_model(fit_model(np.full(60, 1400.0)))
+    values, upper = model.predict_interval(5, 0.2)
+    assert np.allclose(values, 1400.0) and (upper >= values).all() and (upper < 1410.0).all()
+
+
 def test_model_and_state_survive_pickle_and_json(model: bytes) -> None:
     # The bytes are what a process pool returns and Redis stores.
     restored = load_model(pickle.loads(pickle.dumps(model)))
