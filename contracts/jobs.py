@@ -78,7 +78,8 @@ class JobConfig(BaseModel):
         "should have blocks further scale-ups; 0 turns detection off."
     )
     ineffective_block_s: float = Field(
-        1800.0, ge=0, description="How long (metric time) scale-ups stay blocked after an ineffective one."
+        1800.0, ge=0, description="The longest block of scale-ups after ineffective ones (the first blocks "
+        "300 s, each further one in a row twice as long), lifted while the backlog heads beyond its target."
     )
     target_recovery_s: float = Field(
         180.0, gt=0, description="daedalus/hybrid: a scale-out must be predicted to recover (stop to caught up) "

@@ -91,6 +91,7 @@ class ScaleUpCheck(_Part):
     to: int
     per_slot_before: float
     capacity_before: float
+    per_slot_after: list[float] = Field(default_factory=list)  # the windows judged so far at the new parallelism
 
 
 class PendingRecovery(_Part):
@@ -122,6 +123,7 @@ class PlanState(BaseModel):
     samples: list[RateSample] = Field(default_factory=list)
     scale_up_check: ScaleUpCheck | None = None
     scale_up_blocked_until: float | None = None
+    ineffective_streak: int = Field(0, description="Ineffective scale-ups in a row: each doubles the next block.")
     scale_down_since: float | None = None
     scale_down_max: int | None = None
     scale_down_from: int | None = None

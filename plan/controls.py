@@ -115,39 +115,65 @@ def apply_delayed_scale_down(
     ), pending
 
 
+JUDGED_WINDOWS = 3  # windows at the new parallelism a scale-up is judged on
+FIRST_BLOCK_S = 300.0  # the first block after an ineffective scale-up; it doubles with each one in a row
+CONFIDENCE_Z = 2.0  # the gain's upper confidence bound: the mean plus two standard errors
+
+
 def check_scale_up_effectiveness(
     analysis: Analysis, state: PlanState, config: JobConfig
 ) -> tuple[dict[str, Any], DecisionReason | None]:
-    """After a scale-up, compare the capacity gained with the gain expected (the per-slot rate held).
+    """After a scale-up, compare the capacity gained with the gain expected (the per-slot rate held), on
+    evidence: `JUDGED_WINDOWS` valid windows at the new parallelism, and only when even the upper
+    confidence bound of the gain (mean plus `CONFIDENCE_Z` standard errors of the per-slot rate) falls
+    short of the threshold is it ineffective. Then scale-ups are blocked for `FIRST_BLOCK_S`, doubled
+    for each ineffective one in a row, at most `ineffective_block_s`; an effective one resets that.
 
-    Returns state updates and, when the gain fell short of the threshold, a notice that blocks
-    further scale-ups for `ineffective_block_s`."""
+    Returns state updates and, when the gain fell short, a notice."""
     pending = state.scale_up_check
     if not pending or config.ineffective_scale_up_threshold <= 0:
         return ({"scale_up_check": None} if pending else {}), None
     if analysis.parallelism != pending.to:
         # Measured at another parallelism (stale, or the scale-up failed): wait for the new one.
         return {}, None
+    seen = [*pending.per_slot_after, analysis.true_processing_rate]
+    if len(seen) < JUDGED_WINDOWS:
+        return {"scale_up_check": pending.model_copy(update={"per_slot_after": seen})}, None
+    mean = sum(seen) / len(seen)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in seen) / (len(seen) - 1))
+    upper = mean + CONFIDENCE_Z * sd / math.sqrt(len(seen))
     before = pending.capacity_before
     expected_gain = pending.per_slot_before * (pending.to - pending.from_parallelism)
-    gained = analysis.parallelism * analysis.true_processing_rate - before
+    gained = analysis.parallelism * mean - before
     ratio = gained / expected_gain if expected_gain > 0 else 1.0
+    ratio_upper = (analysis.parallelism * upper - before) / expected_gain if expected_gain > 0 else 1.0
     updates: dict[str, Any] = {"scale_up_check": None}
-    if ratio >= config.ineffective_scale_up_threshold:
-        return updates, None
-    updates["scale_up_blocked_until"] = analysis.window_end + config.ineffective_block_s
+    if ratio_upper >= config.ineffective_scale_up_threshold:
+        return updates | {"ineffective_streak": 0}, None
+    block = min(config.ineffective_block_s, FIRST_BLOCK_S * 2**state.ineffective_streak)
+    updates |= {"scale_up_blocked_until": analysis.window_end + block,
+                "ineffective_streak": state.ineffective_streak + 1}
     notice = DecisionReason(
         code="ineffective_scale_up",
         rule="scale_up_effectiveness",
         message=(
             f"scaling up {pending.from_parallelism} -> {pending.to} gained {gained:.1f} rec/s of the "
-            f"{expected_gain:.1f} expected ({ratio:.0%} < {config.ineffective_scale_up_threshold:.0%}); "
-            f"further scale-ups are blocked for {config.ineffective_block_s:.0f} s"
+            f"{expected_gain:.1f} expected over {len(seen)} windows (at most {ratio_upper:.0%} at "
+            f"{CONFIDENCE_Z:g} standard errors < {config.ineffective_scale_up_threshold:.0%}); further scale-ups "
+            f"are blocked for {block:.0f} s unless the backlog heads beyond its target"
         ),
         numbers={"capacity_before": round(before, 3), "capacity_after": round(before + gained, 3),
-                 "expected_gain": round(expected_gain, 3), "gain_ratio": round(ratio, 4)},
+                 "expected_gain": round(expected_gain, 3), "gain_ratio": round(ratio, 4),
+                 "gain_ratio_upper": round(ratio_upper, 4), "blocked_s": block},
     )
     return updates, notice
+
+
+def heading_beyond_target(analysis: Analysis, config: JobConfig) -> bool:
+    """Whether the backlog, growing as it does, passes its target within the target's own time."""
+    backlog, arrival = float(analysis.backlog or 0), analysis.arrival_rate or 0.0
+    growth = max(0.0, analysis.backlog_growth_rate or 0.0)
+    return backlog + growth * config.backlog_target_s > config.backlog_target_s * arrival
 
 
 SMOOTHED_FIELDS = ("arrival_rate", "true_processing_rate", "true_output_rate", "utilization")

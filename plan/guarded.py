@@ -20,9 +20,11 @@ from contracts.messages import Action, Analysis
 from contracts.periods import excluded_at, parse_periods
 from contracts.plan_state import PlanState
 from plan.controls import (
+    JUDGED_WINDOWS,
     align_to_partitions,
     apply_delayed_scale_down,
     check_scale_up_effectiveness,
+    heading_beyond_target,
     limit_step,
     smoothed,
     smoothing_samples,
@@ -72,13 +74,14 @@ def guarded_plan(
     samples += 1
     recent = smoothing_samples(state.samples if same else None, analysis, config.metrics_window_s)
     updates |= {"samples_at_parallelism": samples, "samples": recent}
-    if samples < config.min_samples:
-        return hold(current, "collecting_samples",
-                    f"sample {samples} of the {config.min_samples} needed at parallelism {current}",
-                    rule="min_samples"), updates
+    # Every valid window at the new parallelism is evidence on the last scale-up.
     check_updates, notice = check_scale_up_effectiveness(analysis, state, config)
     updates |= check_updates
     notices = [notice] if notice else []
+    if samples < config.min_samples:
+        return replace(hold(current, "collecting_samples",
+                            f"sample {samples} of the {config.min_samples} needed at parallelism {current}",
+                            rule="min_samples"), notices=notices), updates
     state = state.updated(updates)
 
     restart = state.downtimes.restart_time(config.restart_time_s, config.restart_time_cap_s)
@@ -98,8 +101,15 @@ def guarded_plan(
     if period is not None:
         return held("excluded_period", f"no rescaling during the excluded period {period.text!r}",
                     "excluded_periods"), updates
+    judging = state.scale_up_check
+    if plan.action is Action.SCALE_UP and judging is not None and judging.to == current and \
+            not heading_beyond_target(analysis, config):
+        return held("judging_scale_up",
+                    f"the scale-up to {current} is judged on {len(judging.per_slot_after)} of {JUDGED_WINDOWS} "
+                    "windows before another", "scale_up_effectiveness"), updates
     blocked_until = state.scale_up_blocked_until
-    if plan.action is Action.SCALE_UP and blocked_until and now < blocked_until:
+    if plan.action is Action.SCALE_UP and blocked_until and now < blocked_until and \
+            not heading_beyond_target(analysis, config):
         return held("scale_up_blocked",
                     f"scale-ups are blocked for {blocked_until - now:.0f} s more after an ineffective one",
                     "scale_up_effectiveness", blocked_until=blocked_until), updates

@@ -187,25 +187,51 @@ def test_shuffle_partitions_are_aligned_too() -> None:
 # ---------------------------------------------------------------- 8. ineffective scale-up
 
 
-def test_an_ineffective_scale_up_blocks_further_scale_ups_and_says_so() -> None:
+def test_an_ineffective_scale_up_is_judged_on_several_windows_then_blocks_further_ones_with_back_off() -> None:
     loop = Loop(config(ineffective_scale_up_threshold=0.1, ineffective_block_s=600))
     up = loop.window(parallelism=2, window_end=1000.0)
     assert up.action is Action.SCALE_UP and up.to_parallelism == 5
-    # At 5 slots the job processes no more than at 2 (an external bottleneck): 40 rec/s per slot.
-    blocked = loop.window(parallelism=5, window_end=1060.0, true_processing_rate=40.0)
+    # At 5 slots the job processes no more than at 2 (an external bottleneck): about 40 rec/s per slot.
+    for t, rate in ((1060.0, 44.0), (1070.0, 38.0)):
+        judging = loop.window(parallelism=5, window_end=t, true_processing_rate=rate)
+        assert judging.notices == [] and judging.reason.code == "judging_scale_up"
+    blocked = loop.window(parallelism=5, window_end=1080.0, true_processing_rate=40.0)
     assert [n.code for n in blocked.notices] == ["ineffective_scale_up"]
+    assert blocked.notices[0].numbers["blocked_s"] == 300  # the first block
     assert blocked.action is Action.NONE and blocked.reason.code == "scale_up_blocked"
-    assert loop.window(parallelism=5, window_end=1070.0, true_processing_rate=40.0).notices == []
-    # Scale-downs stay allowed; after the block, scale-ups are allowed again.
-    assert loop.window(parallelism=5, window_end=1080.0, arrival_rate=70.0, true_processing_rate=40.0).action \
+    assert loop.window(parallelism=5, window_end=1090.0, true_processing_rate=40.0).notices == []
+    # A backlog heading beyond its target lifts the block; scale-downs stay allowed.
+    heading = loop.window(parallelism=5, window_end=1100.0, true_processing_rate=40.0, backlog=30_000,
+                          backlog_growth_rate=150.0)
+    assert heading.action is Action.SCALE_UP
+    assert loop.window(parallelism=5, window_end=1110.0, arrival_rate=70.0, true_processing_rate=40.0).action \
         is Action.SCALE_DOWN
-    assert loop.window(parallelism=5, window_end=1700.0, true_processing_rate=40.0).action is Action.SCALE_UP
+    # After the block, scale-ups are allowed again; a second ineffective one in a row blocks twice as long.
+    again = loop.window(parallelism=5, window_end=1400.0, true_processing_rate=40.0)
+    assert again.action is Action.SCALE_UP and again.to_parallelism == 13
+    for t in (1460.0, 1470.0):
+        loop.window(parallelism=13, window_end=t, true_processing_rate=16.0)
+    second = loop.window(parallelism=13, window_end=1480.0, true_processing_rate=15.0)
+    assert [n.code for n in second.notices] == ["ineffective_scale_up"]
+    assert second.notices[0].numbers["blocked_s"] == 600
+
+
+def test_one_slow_window_does_not_make_a_scale_up_ineffective() -> None:
+    loop = Loop(config(ineffective_scale_up_threshold=0.1))
+    loop.window(parallelism=2, window_end=1000.0)
+    rates = (45.0, 95.0, 100.0)  # a GC pause in the first window at the new parallelism
+    plans = [loop.window(parallelism=5, window_end=1060.0 + 10 * i, true_processing_rate=r, arrival_rate=600.0)
+             for i, r in enumerate(rates)]
+    assert all(not p.notices for p in plans)
+    assert plans[-1].action is Action.SCALE_UP
 
 
 def test_an_effective_scale_up_is_not_blocked() -> None:
     loop = Loop(config(ineffective_scale_up_threshold=0.1))
     loop.window(parallelism=2, window_end=1000.0)
-    after = loop.window(parallelism=5, window_end=1060.0, true_processing_rate=95.0, arrival_rate=600.0)
+    for t in (1060.0, 1070.0):
+        loop.window(parallelism=5, window_end=t, true_processing_rate=95.0, arrival_rate=600.0)
+    after = loop.window(parallelism=5, window_end=1080.0, true_processing_rate=95.0, arrival_rate=600.0)
     assert after.notices == [] and after.action is Action.SCALE_UP
 
 
