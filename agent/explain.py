@@ -12,7 +12,9 @@ from typing import Any
 from rich.table import Table
 
 # Numbers worth a column in the table, in this order, when a decision carries them.
-KEY_NUMBERS = ("arrival_rate", "backlog", "true_processing_rate_per_slot", "implied_utilization", "target_rate")
+KEY_NUMBERS = ("arrival_rate", "backlog", "true_processing_rate_per_slot", "implied_utilization", "target_rate",
+               "planned_rate_now", "capacity_at_target", "plan_cost_slot_s", "alternative_first",
+               "alternative_cost_slot_s")
 
 
 def is_suppression(decision: dict[str, Any]) -> bool:

@@ -13,11 +13,11 @@ Model, per step k of `step_s` seconds (a rescale starts at the step's start):
 - Cost: slot-seconds paid (p x step_s, the new slots paid from the rescale on), plus
   `action_penalty_s` per rescale, plus the work the backlog left at the horizon's end still needs
   (backlog x slot-seconds per record), plus `violation_weight` slot-seconds per second of arrivals
-  by which the backlog exceeds its target (`backlog_target_s` x rate_k, checked at the restart's
-  end and at the step's end). The weight is large: the target is a constraint that is broken only
+  (at least 1 record/s) by which the backlog exceeds its target (`backlog_target_s` x rate_k,
+  checked at a restart's end and at the step's end). The weight is large: the target is a constraint that is broken only
   when no schedule keeps it.
-- The backlog is carried as state: per (step, parallelism) the DP keeps the path with the least
-  cost plus the work its backlog still needs (a smaller backlog is worth its processing).
+- The backlog is carried as state: per (step, parallelism, backlog bucket) the DP keeps the path
+  with the least cost plus the work its backlog still needs (see `solve`).
 - Rates are upper quantiles and capacities lower quantiles (the caller's), so the schedule keeps
   the target when the load runs high and the job runs slow.
 
@@ -32,6 +32,7 @@ import numpy as np
 
 EPSILON = 1e-9
 VIOLATION_WEIGHT = 1e4  # slot-seconds per second of arrivals beyond the target
+BUCKETS = 6  # backlog buckets per (step, parallelism): the paths the DP keeps apart
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,12 @@ def _transitions(problem: PlanProblem) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 def solve(problem: PlanProblem, forbid_first: int | None = None) -> Schedule:
     """The least-cost schedule over the horizon (see the module docstring). `forbid_first` excludes
-    one parallelism from the first step (the next-best alternative to a chosen plan)."""
+    one parallelism from the first step (the next-best alternative to a chosen plan).
+
+    Per (step, parallelism) the DP keeps one path per backlog bucket (the backlog as a fraction of the
+    step's target, in `BUCKETS` equal parts, the last holding everything beyond): the cheapest by cost
+    plus the work its backlog needs. A cheap path with a high backlog and a dearer one with a low
+    backlog both survive, so a path that must later drain is not lost to one that only looks cheaper."""
     problem.check()
     n, steps, dt = problem.max_parallelism, len(problem.rates), problem.step_s
     cap = np.asarray(problem.capacity[1:], dtype=float)
@@ -106,35 +112,46 @@ def solve(problem: PlanProblem, forbid_first: int | None = None) -> Schedule:
     allowed = slots >= problem.min_parallelism
     replay = np.where(moved, problem.replay_records, 0.0)
     penalty = np.where(moved, problem.action_penalty_s, 0.0)
+    states = n * BUCKETS  # state s = (parallelism s // BUCKETS + 1, bucket s % BUCKETS)
+    source_p = np.arange(states) // BUCKETS
 
     start = min(problem.parallelism, n)  # a job above the maximum plans from the maximum's capacity
-    cost = np.full(n, np.inf)
-    cost[start - 1] = 0.0
-    backlog = np.zeros(n)
-    backlog[start - 1] = problem.backlog
-    violation = np.zeros(n)
-    parents = np.zeros((steps, n), dtype=np.int64)
-    backlogs = np.zeros((steps, n))
+    cost = np.full(states, np.inf)
+    cost[(start - 1) * BUCKETS] = 0.0
+    backlog = np.zeros(states)
+    backlog[(start - 1) * BUCKETS] = problem.backlog
+    violation = np.zeros(states)
+    parents = np.zeros((steps, states), dtype=np.int64)
+    backlogs = np.zeros((steps, states))
+    buckets = np.arange(BUCKETS)
     for k in range(steps):
         rate = float(problem.rates[k])
         limit = problem.backlog_target_s * rate
-        peak = backlog[:, None] + rate * down + replay  # (q, p)
-        after = np.maximum(peak + (rate - cap[None, :]) * running, 0.0)
-        excess = (np.maximum(peak - limit, 0.0) + np.maximum(after - limit, 0.0)) / max(rate, EPSILON)
-        step_cost = slots[None, :] * dt + penalty + problem.violation_weight * excess
-        total = cost[:, None] + step_cost
+        live = np.flatnonzero(np.isfinite(cost))  # only reachable states are sources
+        src_p = source_p[live]
+        d, run, mv = down[src_p], running[src_p], moved[src_p]  # (source, p)
+        peak = backlog[live, None] + rate * d + replay[src_p]
+        after = np.maximum(peak + (rate - cap[None, :]) * run, 0.0)
+        # A restart's peak counts (arrivals pile up while it runs); without one the backlog only falls
+        # from where the previous step left it.
+        over = np.where(mv, np.maximum(peak - limit, 0.0), 0.0) + np.maximum(after - limit, 0.0)
+        excess = over / max(rate, 1.0)
+        total = cost[live, None] + slots[None, :] * dt + penalty[src_p] + problem.violation_weight * excess
         choose = total + per_record * after
         choose[:, ~allowed] = np.inf
         if k == 0 and forbid_first is not None and 1 <= forbid_first <= n:
             choose[:, forbid_first - 1] = np.inf
-        best = np.argmin(choose, axis=0)
-        columns = np.arange(n)
-        cost = total[best, columns]
-        backlog = after[best, columns]
-        violation = violation[best] + excess[best, columns]
-        parents[k] = best
+        fill = np.minimum((after / max(limit, EPSILON) * (BUCKETS - 1)).astype(np.int64), BUCKETS - 1)
+        ranked = np.where(fill[None, :, :] == buckets[:, None, None], choose[None, :, :], np.inf)  # (bucket, s, p)
+        best = np.argmin(ranked, axis=1)  # (bucket, p)
+        columns = np.arange(n)[None, :]
+        picked = ranked[buckets[:, None], best, columns]
+        new_cost = np.where(np.isfinite(picked), total[best, columns], np.inf)
+        cost = new_cost.T.reshape(-1)
+        backlog = after[best, columns].T.reshape(-1)
+        violation = (violation[live][best] + excess[best, columns]).T.reshape(-1)
+        parents[k] = live[best].T.reshape(-1)
         backlogs[k] = backlog
-        cost[~np.isfinite(choose[best, columns])] = np.inf
     final_choice = cost + per_record * backlog
     last = int(np.argmin(final_choice))
     if not np.isfinite(final_choice[last]):
@@ -143,7 +160,7 @@ def solve(problem: PlanProblem, forbid_first: int | None = None) -> Schedule:
     levels = np.empty(steps)
     at = last
     for k in range(steps - 1, -1, -1):
-        path[k] = at + 1
+        path[k] = at // BUCKETS + 1
         levels[k] = backlogs[k, at]
         at = int(parents[k, at])
     rescales = int(np.count_nonzero(np.diff(np.concatenate(([start], path)))))

@@ -19,7 +19,7 @@ import math
 from pydantic import BaseModel, ConfigDict
 
 SLACK = 0.5  # k, in standard deviations: half the smallest shift worth detecting (1 sigma)
-THRESHOLD = 5.0  # h, in standard deviations: about 465 windows between false alarms for k = 0.5
+THRESHOLD = 8.0  # h, in standard deviations: false alarms rare even with the noise estimated from few windows
 SIGMA_FLOOR = 0.03  # the log-rate noise assumed at least (3 %): a perfectly steady rate is not a hair trigger
 SIGMA_PRIOR = 0.1  # until a few windows have been seen
 WINDOW_S = 60.0  # the longest averaging, shift or not

@@ -5,14 +5,17 @@ After QEScalor's cost-based elastic scaling (QCESA) and Daedalus's long-lived de
 is `plan.cost_plan` (dynamic programming over time x parallelism with the backlog carried). What it
 plans with, each an estimate on the safe side:
 - arrivals: the upper quantile of the arrival level since the last level shift (`plan.level`, a
-  CUSUM detector), and over the horizon the upper quantile of analyze's forecast where it is higher;
+  CUSUM detector), and over the horizon the upper quantile of analyze's forecast where it is higher,
+  while the forecast's predicted changes have come true (`plan.forecast_skill`);
 - capacity: the DS2 true rate measured at each parallelism the job ran at (records per busy second
   per slot, averaged; `known`), extrapolated to the others along a power law fitted through them
   (exponent at most 1: slots never add more than linearly), less its measured noise;
 - actions: the measured restart time of each direction (the plan state's downtimes), the replay
   since the last checkpoint (half a checkpoint interval of arrivals), and a penalty per action.
 
-Pure: everything it learns lives in the plan state's `policy_state`.
+Pure: everything it learns lives in the plan state's `policy_state`. A job planned per operator
+(`per_operator`, a Flink-like layout with one parallelism per operator) is sized by DS2 inside its
+controls (the `reactive` policy): the schedule search plans one job-wide parallelism.
 """
 
 from __future__ import annotations
@@ -26,26 +29,28 @@ from pydantic import BaseModel, ConfigDict, Field
 from contracts.jobs import JobConfig
 from contracts.messages import Analysis, DecisionReason, ForecastView
 from contracts.plan_state import PlanState
+from plan.controls import heading_beyond_target
 from plan.cost_plan import PlanProblem, Schedule, describe, solve
+from plan.forecast_skill import ForecastSkill, note
 from plan.guarded import admit
 from plan.level import LevelState
 from plan.level import update as update_level
+from plan.policies.reactive import ReactivePolicy
 from plan.policy import Plan, direction, hold
 from plan.proactive import downtimes_expected
 
-WINDOW_S = 10.0  # the agents' loop interval: the windows a planning step averages over
 EXPONENT_PRIOR = 0.95  # capacity ~ p^0.95 beyond what was measured, until two parallelisms were
 EXPONENT_RANGE = (0.5, 1.0)
-KNOWN_WEIGHT = 0.2  # the least weight of a new window in a parallelism's measured capacity
+KNOWN_WINDOWS = 30  # a parallelism's measured capacity averages about its last this many windows (5 min)
+FIT_MIN_WINDOWS = 3  # a parallelism's capacity shapes the curve once measured over this many windows
 EXTRAPOLATION_ERROR = 0.05  # relative error of a capacity extrapolated by a factor of 2 in parallelism
-FORECAST_MAX_WAPE = 0.2  # a forecast whose predecessor erred more is not planned with
-FORECAST_MAX_OFFSET = 0.25  # nor one whose first value is this far from the measured level
+FORECAST_MAX_OFFSET = 0.25  # a forecast whose first value is this far from the measured level is not used
 NOISE_PRIOR = 0.1  # the per-window CV of the per-slot rate assumed until three windows were measured
 
 
 class Measured(BaseModel):
     """The capacity measured at one parallelism (records/s): a running mean of its windows, then an
-    exponentially weighted one (weight KNOWN_WEIGHT), and how many windows are behind it."""
+    exponentially weighted one (weight 1 / KNOWN_WINDOWS), and how many windows are behind it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -54,8 +59,13 @@ class Measured(BaseModel):
 
     def add(self, value: float) -> Measured:
         n = self.n + 1
-        weight = max(1 / n, KNOWN_WEIGHT)
+        weight = max(1 / n, 1 / KNOWN_WINDOWS)
         return Measured(capacity=(1 - weight) * self.capacity + weight * value, n=n)
+
+    @property
+    def effective(self) -> int:
+        """The windows the mean is worth: n, at most 2 KNOWN_WINDOWS - 1 (an exponential mean's worth)."""
+        return min(self.n, 2 * KNOWN_WINDOWS - 1)
 
 
 class SlotStats(BaseModel):
@@ -89,61 +99,67 @@ class PlannerMemory(BaseModel):
     slot: SlotStats | None = None
     known: dict[str, Measured] = Field(default_factory=dict)  # by parallelism
     noise_cv: float | None = None  # the latest per-window CV of the per-slot rate
+    skill: ForecastSkill = Field(default_factory=ForecastSkill)
 
 
-def capacities(known: dict[str, Measured], max_parallelism: int, noise_cv: float, z: float,
-               windows_per_step: float) -> np.ndarray:
+def capacities(known: dict[str, Measured], max_parallelism: int, noise_cv: float, z: float) -> np.ndarray:
     """A lower quantile of the capacity at p = 0..max (index 0 is 0).
 
     Every measured parallelism q gives an estimate at p: its measured capacity scaled by (p / q)^k,
-    with k fitted through the measured points (a power law, k in EXPONENT_RANGE; EXPONENT_PRIOR with
-    one point) above q and k = 1 below it (slots are no better than linear there: the safe side).
-    Each estimate's relative variance is the measurement's (cv^2 / n) plus EXTRAPOLATION_ERROR per
+    with k fitted through the points measured over FIT_MIN_WINDOWS windows or more (a power law, k in
+    EXPONENT_RANGE; EXPONENT_PRIOR until two such points) above q, and k = 1 below it (no better than
+    linear there: the safe side).
+    Each estimate's relative variance is the measurement's (cv^2 / the windows it is worth) plus EXTRAPOLATION_ERROR per
     doubling of p / q, squared; the estimates are pooled by inverse variance, so one noisy window at
     a new parallelism does not outweigh what the others imply. The quantile is the pooled estimate
-    less z times its error and the noise of a step's mean (cv^2 / windows_per_step)."""
+    less z times its error. The window-to-window noise itself is left out: the backlog sums it over
+    the many windows it takes to fill the target, where it averages away; the error of the mean
+    does not."""
     points = sorted((int(p), m) for p, m in known.items() if m.capacity > 0)
     out = np.zeros(max_parallelism + 1)
     if not points:
         return out
-    if len(points) >= 2:
-        x = np.log([p for p, _ in points])
-        y = np.log([m.capacity for _, m in points])
+    settled = [(p, m) for p, m in points if m.n >= FIT_MIN_WINDOWS]
+    if len(settled) >= 2:
+        x = np.log([p for p, _ in settled])
+        y = np.log([m.capacity for _, m in settled])
         exponent = float(np.clip(np.polyfit(x, y, 1)[0], *EXPONENT_RANGE))
     else:
         exponent = EXPONENT_PRIOR
     q = np.array([p for p, _ in points], dtype=float)
     c = np.array([m.capacity for _, m in points])
-    n = np.array([m.n for _, m in points], dtype=float)
+    n = np.array([m.effective for _, m in points], dtype=float)
     for p in range(1, max_parallelism + 1):
         k = np.where(p > q, exponent, 1.0)
         estimates = c * (p / q) ** k
         variances = noise_cv**2 / n + (np.log2(p / q) * EXTRAPOLATION_ERROR) ** 2
         weights = 1 / np.maximum(variances, 1e-12)
         estimate = float((weights * estimates).sum() / weights.sum())
-        relative = math.sqrt(1 / weights.sum() + noise_cv**2 / windows_per_step)
+        relative = math.sqrt(1 / weights.sum())
         out[p] = estimate * max(0.5, 1 - z * relative)
     return np.maximum.accumulate(out)
 
 
-def planned_rates(level: float, forecast: ForecastView | None, now: float, steps: int, step_s: float) -> np.ndarray:
+def planned_rates(level: float, forecast: ForecastView | None, now: float, steps: int, step_s: float,
+                  trusted: bool = True, band: float = math.inf) -> np.ndarray:
     """The arrival rate to plan each step with: the level's upper quantile, raised where a trusted forecast
     expects more. The forecast counts as its relative change: its upper quantile at the step's middle over
-    its first value, applied to the level (the last value beyond its end). A forecast is trusted when its
-    previous one was accurate (WAPE <= FORECAST_MAX_WAPE) and it starts near the level (within
-    FORECAST_MAX_OFFSET): right after a level shift a forecast fitted across it extrapolates the step."""
+    its first value, applied to the level (the last value beyond its end; before its first point the
+    level stands alone). It is used when its change over the next minutes has come true lately
+    (`trusted`, see `plan.forecast_skill`) and it starts near the level (within FORECAST_MAX_OFFSET). Its
+    upper quantile is capped at `band` (a log ratio) above its point forecast: no wider than its errors."""
     rates = np.full(steps, level)
-    if forecast is None or not forecast.values or forecast.values[0] <= 0:
-        return rates
-    if forecast.wape is None or not forecast.wape <= FORECAST_MAX_WAPE:
+    if not trusted or forecast is None or not forecast.values or forecast.values[0] <= 0:
         return rates
     first = forecast.values[0]
     if abs(first / level - 1) > FORECAST_MAX_OFFSET:
         return rates
-    values = np.asarray(forecast.upper if forecast.upper else forecast.values, dtype=float)
+    values = np.asarray(forecast.values, dtype=float)
+    if forecast.upper and len(forecast.upper) == len(values):
+        values = np.minimum(np.maximum(np.asarray(forecast.upper, dtype=float), values), values * math.exp(band))
     times = forecast.start + np.arange(len(values)) * forecast.step_s
     middles = now + (np.arange(steps) + 0.5) * step_s
-    return np.maximum(rates, level * np.interp(middles, times, values) / first)
+    return np.maximum(rates, level * np.interp(middles, times, values, left=0.0) / first)
 
 
 class CostPlanner:
@@ -155,7 +171,7 @@ class CostPlanner:
     needs_forecast: ClassVar[bool] = True
 
     def __init__(self, horizon_s: float = 1800.0, step_s: float = 60.0, rate_z: float = 1.28,
-                 capacity_z: float = 1.28, action_penalty_slot_s: float = 30.0) -> None:
+                 capacity_z: float = 1.28, action_penalty_slot_s: float = 300.0) -> None:
         self.horizon_s = horizon_s
         self.step_s = step_s
         self.rate_z = rate_z
@@ -167,11 +183,16 @@ class CostPlanner:
         return analysis.parallelism * rate if analysis.valid and rate > 0 else None
 
     def decide(self, state: PlanState, analysis: Analysis, config: JobConfig) -> tuple[PlanState, Plan]:
+        if config.per_operator and analysis.operators:
+            # One parallelism per operator (a Flink-like layout): DS2 sizes each operator in one step.
+            return ReactivePolicy().decide(state, analysis, config)
         memory = PlannerMemory.model_validate(state.policy_state) if state.policy_state else PlannerMemory()
         now = analysis.window_end
         if analysis.arrival_rate is not None:
-            level, _ = update_level(memory.level, now, analysis.arrival_rate)
-            memory = memory.model_copy(update={"level": level})
+            level, shifted = update_level(memory.level, now, analysis.arrival_rate)
+            # A forecast fitted across a level shift has not been seen on the new level: it earns trust anew.
+            skill = note(ForecastSkill() if shifted else memory.skill, now, level.level(), analysis.forecast)
+            memory = memory.model_copy(update={"level": level, "skill": skill})
         early, updates = admit(analysis, config, state)
         if early is None:
             memory = self._learn(memory, analysis)
@@ -179,6 +200,11 @@ class CostPlanner:
         if early is not None:
             return state.updated(updates), early
         state = state.updated(updates)
+        measured = memory.slot.n if memory.slot is not None and memory.slot.parallelism == analysis.parallelism else 0
+        if measured < FIT_MIN_WINDOWS and not heading_beyond_target(analysis, config):
+            return state, hold(analysis.parallelism, "measuring",
+                               f"window {measured} of {FIT_MIN_WINDOWS} measured at parallelism {analysis.parallelism} "
+                               "before the next plan (sooner if the backlog heads beyond its target)", rule=self.name)
         plan = self._plan(memory, analysis, config, state)
         return state, plan
 
@@ -201,10 +227,10 @@ class CostPlanner:
         if level is None or not memory.known:
             return None
         steps = max(1, math.ceil(self.horizon_s / self.step_s))
-        rates = planned_rates(level, analysis.forecast, analysis.window_end, steps, self.step_s)
+        rates = planned_rates(level, analysis.forecast, analysis.window_end, steps, self.step_s,
+                              memory.skill.trusted(), memory.skill.band())
         noise = memory.noise_cv if memory.noise_cv is not None else NOISE_PRIOR
-        capacity = capacities(memory.known, config.max_parallelism, noise, self.capacity_z,
-                              max(1.0, self.step_s / WINDOW_S))
+        capacity = capacities(memory.known, config.max_parallelism, noise, self.capacity_z)
         up, down = downtimes_expected(state.downtimes, config)
         replay = (analysis.arrival_rate or 0.0) * config.checkpoint_interval_s / 2
         return PlanProblem(

@@ -16,8 +16,8 @@ from contracts.jobs import JobConfig
 from contracts.messages import Action, Analysis, CapacityView, ForecastView, MetricWindow, RecoveryView, SourceWindow
 from contracts.plan_state import Downtimes, PlanState
 from plan.policies.daedalus import DaedalusPolicy
-from plan.policies.reactive import ReactivePolicy
 from plan.policies.hybrid import HybridPolicy
+from plan.policies.reactive import ReactivePolicy
 from plan.policy import Plan
 from plan.proactive import plan_proactive, predicted_recovery_s, recovery_notice, regression_capacity
 from plan.registry import policy_class

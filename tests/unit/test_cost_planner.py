@@ -1,0 +1,283 @@
+"""The default planner: its dynamic program, the arrival level, the capacity quantiles, and the policy."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contracts.jobs import JobConfig
+from contracts.messages import Action, Analysis, ForecastView
+from contracts.plan_state import PlanState
+from evaluation.jobmodel import demo_model
+from evaluation.simulator import PolicyRunner, rate_factors, simulate
+from evaluation.traces import load_trace
+from plan.cost_plan import PlanProblem, describe, solve
+from plan.forecast_skill import ForecastSkill, note
+from plan.level import LevelState, update
+from plan.policies.default import CostPlanner, Measured, PlannerMemory, capacities, planned_rates
+
+
+def problem(rates: list[float], current: int = 2, backlog: float = 0.0, per_slot: float = 100.0,
+            max_parallelism: int = 6, **kw: float) -> PlanProblem:
+    return PlanProblem(parallelism=current, backlog=backlog, rates=np.asarray(rates, dtype=float), step_s=60.0,
+                       capacity=np.arange(max_parallelism + 1) * per_slot, min_parallelism=1,
+                       downtime_up_s=kw.get("up", 20.0), downtime_down_s=kw.get("down", 10.0),
+                       replay_records=kw.get("replay", 0.0), backlog_target_s=kw.get("target", 60.0),
+                       action_penalty_s=kw.get("penalty", 30.0))
+
+
+def replay(pr: PlanProblem, schedule: list[int]) -> tuple[float, float, list[float]]:
+    """The problem's model run step by step: cost (as the planner counts it), violation, backlogs."""
+    per_record = 1 / (pr.capacity[-1] / pr.max_parallelism)
+    b, q, cost, violation, levels = pr.backlog, pr.parallelism, 0.0, 0.0, []
+    for rate, p in zip(pr.rates, schedule, strict=True):
+        down = 0.0 if p == q else min(pr.step_s, pr.downtime_up_s if p > q else pr.downtime_down_s)
+        peak = b + rate * down + (pr.replay_records if p != q else 0.0)
+        b = max(0.0, peak + (rate - pr.capacity[p]) * (pr.step_s - down))
+        limit = pr.backlog_target_s * rate
+        excess = ((max(0.0, peak - limit) if p != q else 0.0) + max(0.0, b - limit)) / max(rate, 1.0)
+        cost += p * pr.step_s + (pr.action_penalty_s if p != q else 0.0) + pr.violation_weight * excess
+        violation += excess
+        levels.append(b)
+        q = p
+    return cost + per_record * b, violation, levels
+
+
+def test_steady_load_holds_the_fewest_slots_that_carry_it() -> None:
+    schedule = solve(problem([250.0] * 30, current=3, penalty=300.0))
+    # Near the horizon's end a backlog within target is cheaper than slots: only the first steps matter.
+    assert set(schedule.parallelism[:20].tolist()) == {3} and schedule.violation_s == 0
+
+
+def test_it_scales_down_when_the_saving_over_the_horizon_pays_for_the_restart() -> None:
+    assert solve(problem([150.0] * 30, current=4, penalty=300.0)).first == 2
+    # With a horizon of one step the restart's backlog is not worth a slot for a minute.
+    assert solve(problem([150.0], current=4, penalty=10_000.0)).first == 4
+
+
+def test_it_scales_up_ahead_of_a_forecast_rise_only_when_waiting_would_break_the_target() -> None:
+    rising = [150.0] * 5 + [550.0] * 25
+    schedule = solve(problem(rising, current=2, penalty=300.0))
+    assert schedule.first == 2  # no need to pay for slots five minutes early
+    assert schedule.parallelism[5:7].max() == 6 and schedule.violation_s == 0
+
+
+def test_the_schedules_backlog_and_cost_are_the_models() -> None:
+    pr = problem([150.0, 420.0, 420.0, 90.0, 90.0, 300.0], current=2, backlog=3000.0, replay=500.0)
+    schedule = solve(pr)
+    cost, violation, levels = replay(pr, schedule.parallelism.tolist())
+    assert schedule.cost == pytest.approx(cost) and schedule.violation_s == pytest.approx(violation)
+    assert np.allclose(schedule.backlog, levels)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rates=st.lists(st.floats(0.0, 600.0), min_size=1, max_size=4), current=st.integers(1, 4),
+       backlog=st.floats(0.0, 20_000.0), target=st.floats(5.0, 120.0))
+def test_no_schedule_is_cheaper_than_the_planners_by_more_than_its_backlog_approximation(
+    rates: list[float], current: int, backlog: float, target: float
+) -> None:
+    """Brute force over every schedule of a small problem. The DP keeps one path per (step, parallelism),
+    ranked by cost plus the work its backlog needs; that ranking is exact when the backlog is worth its
+    work later, so the planner's cost is within a small margin of the true optimum (and equal when
+    nothing violates)."""
+    pr = problem(rates, current=current, backlog=backlog, max_parallelism=4, target=target)
+    best = min(replay(pr, list(s))[0] for s in itertools.product(range(1, 5), repeat=len(rates)))
+    planned = solve(pr)
+    assert planned.cost == pytest.approx(replay(pr, planned.parallelism.tolist())[0])
+    assert planned.cost <= best * 1.05 + 1e-6
+
+
+def test_the_alternative_differs_in_its_first_step_and_costs_no_less() -> None:
+    pr = problem([250.0] * 10, current=3)
+    chosen = solve(pr)
+    other = solve(pr, forbid_first=chosen.first)
+    assert other.first != chosen.first and other.cost >= chosen.cost
+    assert describe(solve(problem([250.0] * 10, current=3, penalty=300.0)), 60.0) == "3 now"
+    rising = describe(solve(problem([150.0] * 3 + [550.0] * 3, current=2, penalty=300.0)), 60.0)
+    assert rising.startswith("2 now, ") and rising.endswith(" from +3 min")
+
+
+def test_a_cheaper_schedule_that_uses_the_backlog_allowance_is_found() -> None:
+    """At a steady 250 rec/s on 3 slots of 100, dropping to 1 slot for a minute builds 10,000 records,
+    within the 15,000 the target allows, and 3 slots drain them: cheaper, and the DP keeps the dearer
+    low-backlog path apart from the cheap high-backlog one long enough to find it."""
+    pr = problem([250.0] * 10, current=3)
+    schedule = solve(pr)
+    assert schedule.cost < replay(pr, [3] * 10)[0] and schedule.violation_s == 0
+
+
+def test_a_load_beyond_every_parallelism_takes_the_largest() -> None:
+    schedule = solve(problem([5_000.0] * 5, current=2))
+    assert schedule.first == 6 and schedule.violation_s > 0
+
+
+def test_bad_problems_are_refused() -> None:
+    with pytest.raises(ValueError):
+        solve(problem([]))
+    with pytest.raises(ValueError):
+        solve(problem([-1.0]))
+
+
+# ---------------------------------------------------------------- the arrival level
+
+
+def run_level(rates: list[float]) -> tuple[LevelState, list[int]]:
+    state, fired = LevelState(), []
+    for i, rate in enumerate(rates):
+        state, shift = update(state, 10.0 * i, rate)
+        if shift:
+            fired.append(i)
+    return state, fired
+
+
+def test_a_step_is_detected_within_a_few_windows_and_the_level_restarts_from_it() -> None:
+    rng = np.random.default_rng(1)
+    rates = list(100 * rng.lognormal(0, 0.05, 60)) + list(400 * rng.lognormal(0, 0.05, 10))
+    state, fired = run_level(rates)
+    assert len(fired) == 1 and 60 <= fired[0] <= 62
+    assert state.level() == pytest.approx(400, rel=0.1)
+
+
+def test_noisy_steady_load_seldom_fires() -> None:
+    alarms = 0
+    for seed in range(10):
+        rates = list(500 * np.random.default_rng(seed).lognormal(0, 0.1, 500))
+        alarms += len(run_level(rates)[1])
+    assert alarms <= 10  # 5,000 windows (about 14 hours): at most one false shift in 500 windows
+
+
+def test_the_upper_level_is_above_the_mean_and_narrows_with_windows() -> None:
+    state, _ = run_level([200.0, 210.0, 190.0])
+    wide = state.upper_level()
+    state, _ = run_level([200.0, 210.0, 190.0, 200.0, 205.0, 195.0])
+    assert wide is not None and state.upper_level() is not None
+    assert wide > state.upper_level() > state.level()  # type: ignore[operator]
+
+
+# ---------------------------------------------------------------- capacities and rates
+
+
+def test_capacity_is_measured_where_known_and_pooled_elsewhere() -> None:
+    known = {"2": Measured(capacity=400.0, n=100), "4": Measured(capacity=760.0, n=100)}
+    cap = capacities(known, 8, noise_cv=0.0, z=1.28)
+    assert cap[2] == pytest.approx(400.0, rel=0.02) and cap[4] == pytest.approx(760.0, rel=0.02)
+    assert cap[1] <= 200.0  # no better than linear below a measured point
+    assert 760.0 < cap[8] < 2 * 760.0  # sub-linear beyond, along the fitted curve
+    assert (np.diff(cap[1:]) >= 0).all()
+
+
+def test_one_noisy_window_at_a_new_parallelism_does_not_outweigh_the_rest() -> None:
+    known = {"2": Measured(capacity=400.0, n=200), "8": Measured(capacity=1000.0, n=1)}  # truth near 1500
+    cap = capacities(known, 8, noise_cv=0.1, z=1.28)
+    assert cap[8] > 1100.0
+
+
+def test_a_forecast_raises_the_planned_rate_only_when_it_is_trusted() -> None:
+    view = ForecastView(values=[100.0, 150.0, 200.0], upper=[110.0, 170.0, 230.0], start=60.0, step_s=60.0,
+                        method="arima", wape=0.05)
+    rates = planned_rates(100.0, view, 0.0, 4, 60.0)
+    assert rates[0] == 100.0 and rates[-1] == pytest.approx(230.0)
+    assert (planned_rates(100.0, view, 0.0, 4, 60.0, trusted=False) == 100.0).all()
+    far = view.model_copy(update={"values": [300.0, 300.0, 300.0]})
+    assert (planned_rates(100.0, far, 0.0, 4, 60.0) == 100.0).all()
+
+    narrow = planned_rates(100.0, view, 0.0, 4, 60.0, band=math.log(1.05))  # errors of 5 % at most
+    assert narrow[-1] == pytest.approx(200.0 * 1.05)  # the interval no wider than the errors seen
+
+
+def flat_forecast(start: float, value: float, ratio: float = 1.0) -> ForecastView:
+    values = [value * (1 + (ratio - 1) * i / 14) for i in range(15)]
+    return ForecastView(values=values, upper=[v * 1.5 for v in values], start=start, step_s=60.0,
+                        method="arima", wape=0.05)
+
+
+def test_a_forecast_earns_trust_by_predicting_the_change_that_came_and_loses_it_otherwise() -> None:
+    skill = ForecastSkill()
+    for minute in range(14):  # it predicts no change, and none comes
+        skill = note(skill, minute * 60.0, 100.0, flat_forecast(minute * 60.0 + 60, 100.0))
+    assert skill.trusted() and skill.band() < 0.01
+    for minute in range(14, 40):  # it predicts +50 % in 15 min, and nothing comes
+        skill = note(skill, minute * 60.0, 100.0, flat_forecast(minute * 60.0 + 60, 100.0, ratio=1.5))
+    assert not skill.trusted() and skill.band() > 0.2
+
+
+def test_a_level_shift_takes_the_forecasts_trust_away() -> None:
+    planner, config, state = CostPlanner(), JobConfig(max_parallelism=8), PlanState()
+    for i in range(90):  # 15 minutes of a steady 300 rec/s, forecast right
+        now = 10.0 * i
+        analysis = window(now, 2, 300.0).model_copy(update={"forecast": flat_forecast(now + 60, 300.0)})
+        state, _ = planner.decide(state, analysis, config)
+    assert PlannerMemory.model_validate(state.policy_state).skill.trusted()
+    for i in range(90, 96):
+        now = 10.0 * i
+        analysis = window(now, 2, 900.0).model_copy(update={"forecast": flat_forecast(now + 60, 900.0)})
+        state, _ = planner.decide(state, analysis, config)
+    memory = PlannerMemory.model_validate(state.policy_state)
+    assert memory.level.shifts == 1 and not memory.skill.trusted()
+
+
+# ---------------------------------------------------------------- the policy
+
+
+def window(t: float, p: int, arrival: float, per_slot: float = 200.0, backlog: int = 0) -> Analysis:
+    return Analysis(job_id="j", window_end=t, parallelism=p, valid=True, true_processing_rate=per_slot,
+                    true_output_rate=per_slot, observed_processing_rate=min(arrival, per_slot * p),
+                    utilization=min(1.0, arrival / (per_slot * p)), arrival_rate=arrival, backlog=backlog, closed_at=t)
+
+
+def test_the_decision_shows_the_schedule_its_cost_and_the_next_best() -> None:
+    planner, config, state = CostPlanner(), JobConfig(max_parallelism=8), PlanState()
+    for i in range(8):
+        state, plan = planner.decide(state, window(10.0 * i, 2, 300.0), config)
+    assert plan.action is Action.NONE and plan.reason.code == "planned_hold"
+    state, plan = planner.decide(state, window(80.0, 2, 700.0, backlog=20_000), config)
+    assert plan.action is Action.SCALE_UP and plan.reason.code == "cost_plan"
+    assert plan.reason.message.startswith(f"plan {plan.to_parallelism} now")
+    assert "over 30 min costs" in plan.reason.message and "next best" in plan.reason.message
+    assert plan.reason.numbers["planned_rate_now"] >= 700.0  # the level restarted at the step
+    numbers = plan.reason.numbers
+    assert numbers["alternative_first"] != plan.to_parallelism
+    assert numbers["alternative_cost_slot_s"] >= numbers["plan_cost_slot_s"]  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_step_up_takes_one_scale_up_and_stays_within_target(seed: int) -> None:
+    trace = load_trace("step-up", hours=2.0, peak=1400.0, regime="real-time", seed=seed)
+    config = JobConfig(max_parallelism=12, backlog_target_s=60.0)
+    runner = PolicyRunner(CostPlanner(), config)
+    run = simulate(trace, demo_model(), runner, config, 2, 60.0, seed=seed,
+                   factors=rate_factors(len(trace.rates), seed))
+    assert run.scale_ups == 1 and run.beyond_target_s == 0
+    assert run.timeline.parallelism[-1] >= math.ceil(1400 / 215)
+
+
+def test_after_a_rescale_it_measures_before_it_plans_again_unless_the_backlog_runs_away() -> None:
+    planner, config = CostPlanner(), JobConfig(max_parallelism=8, stabilization_windows=0)
+    state = PlanState()
+    for i in range(8):
+        state, plan = planner.decide(state, window(10.0 * i, 2, 300.0), config)
+    state, plan = planner.decide(state, window(80.0, 4, 300.0), config)  # the job now runs at 4
+    assert plan.action is Action.NONE and plan.reason.code == "measuring"
+    state, plan = planner.decide(state, window(90.0, 4, 300.0), config)
+    assert plan.reason.code == "measuring"
+    state, plan = planner.decide(state, window(100.0, 4, 300.0), config)
+    assert plan.reason.code == "cost_plan" and plan.to_parallelism == 2  # three windows measured: back down
+    state, plan = planner.decide(state, window(110.0, 2, 300.0), config)
+    state, plan = planner.decide(state, window(120.0, 2, 1500.0, backlog=200_000), config)
+    assert plan.action is Action.SCALE_UP  # heading beyond the target: no waiting
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_drop_takes_no_scale_up(seed: int) -> None:
+    trace = load_trace("drop", hours=2.0, peak=1400.0, regime="real-time", seed=seed)
+    config = JobConfig(max_parallelism=12, backlog_target_s=60.0)
+    runner = PolicyRunner(CostPlanner(), config)
+    run = simulate(trace, demo_model(), runner, config, 8, 60.0, seed=seed,
+                   factors=rate_factors(len(trace.rates), seed))
+    assert run.scale_ups == 0 and run.scale_downs >= 1 and run.beyond_target_s == 0
+    assert run.timeline.parallelism[-1] <= 3
