@@ -38,7 +38,7 @@ def test_demo_job_scales_out_to_ds2_parallelism_keeps_up_scales_in_and_loses_not
     agents = start_agents(settings, tmp_path / "agents.log")
     # The restart-time term is tested on its own (unit tests, the backlog end-to-end test): here
     # DS2's sizing is checked against the capacity measured without it. Scale-down delay compressed.
-    register(settings, "demo", max_parallelism="8", target_utilization="0.7", restart_time_s="0",
+    register(settings, "demo", policy="reactive", max_parallelism="8", target_utilization="0.7", restart_time_s="0",
              scale_down_delay_s="20")
     collectors = {name: Collector(settings, getattr(settings.topics, name))
                   for name in ("analyses", "decisions", "scaling_events")}

@@ -35,7 +35,7 @@ def test_a_burst_backlog_is_drained_within_the_catch_up_duration_after_one_scale
     run = settings.topics.metrics.split(".")[0]
     input_topic, output_topic = f"{run}.burst.input", f"{run}.burst.output"
     agents = start_agents(settings, tmp_path / "agents.log")
-    register(settings, "burst", max_parallelism="8", catch_up_duration_s=str(CATCH_UP_S),
+    register(settings, "burst", policy="reactive", max_parallelism="8", catch_up_duration_s=str(CATCH_UP_S),
              scale_down_delay_s="30")
     collectors = {name: Collector(settings, getattr(settings.topics, name))
                   for name in ("analyses", "decisions", "scaling_events")}

@@ -70,7 +70,7 @@ def test_three_operator_job_gets_ds2_optimal_parallelism_in_one_decision(
     settings: Settings, agents: AgentWorker
 ) -> None:
     job = "wordcount"
-    register(settings, job, per_operator="true", target_utilization="1.0", utilization_band="0",
+    register(settings, job, policy="reactive", per_operator="true", target_utilization="1.0", utilization_band="0",
              max_parallelism="64", catch_up_duration_s="1e9", stabilization_windows="0", min_samples="1")
     start = math.floor(time.time() / 10) * 10 - 100
     reports = three_operator_reports(job, start, 11)  # the 11th report closes the first window
@@ -143,8 +143,9 @@ def test_each_stage_in_its_own_process_with_two_monitor_workers(settings: Settin
                                         env={"AUTOSCALER_WEB_PORT": str(port)}))
         jobs = [f"job-{i}" for i in range(8)]
         for job in jobs:
-            register(settings, job, per_operator="true", target_utilization="1.0", utilization_band="0",
-                     max_parallelism="64", catch_up_duration_s="1e9", stabilization_windows="0", min_samples="1")
+            register(settings, job, policy="reactive", per_operator="true", target_utilization="1.0",
+                     utilization_band="0", max_parallelism="64", catch_up_duration_s="1e9",
+                     stabilization_windows="0", min_samples="1")
         start = math.floor(time.time() / 10) * 10 - 100
         decisions = Collector(settings, settings.topics.decisions)
         records = [(job.encode(), r.to_bytes()) for job in jobs for r in three_operator_reports(job, start, 11)]

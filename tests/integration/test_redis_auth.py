@@ -192,7 +192,8 @@ def test_agents_with_redis_auth_leak_the_password_nowhere(
     try:
         wait_until(lambda: ready(worker.web_port)[0] == 200, timeout=60, message="the agents to be ready")
         job = "secured-job"
-        register(settings, job, per_operator="true", target_utilization="1.0", utilization_band="0",
+        register(settings, job, policy="reactive", per_operator="true", target_utilization="1.0",
+                 utilization_band="0",
                  max_parallelism="64", catch_up_duration_s="1e9", stabilization_windows="0", min_samples="1")
         start = math.floor(time.time() / 10) * 10 - 100
         decisions = Collector(settings, settings.topics.decisions)

@@ -23,8 +23,9 @@ from knowledge import RedisKnowledge
 from stack.services import isolated_settings
 
 # Tuned so that every window yields a decision and an overloaded job asks for more slots at once.
-EAGER = {"target_utilization": "1.0", "utilization_band": "0", "stabilization_windows": "0", "min_samples": "1",
-         "catch_up_duration_s": "1e9"}
+# DS2 inside its controls (the reactive policy), made eager so that the tests see many rescales.
+EAGER = {"policy": "reactive", "target_utilization": "1.0", "utilization_band": "0", "stabilization_windows": "0",
+         "min_samples": "1", "catch_up_duration_s": "1e9"}
 
 
 def settings_for(broker_port: int, redis_port: int) -> Settings:

@@ -49,7 +49,7 @@ def decision(job: str, from_p: int, to_p: int) -> ScalingDecision:
 
 def test_one_rescale_at_a_time_then_a_failed_rescale_rolls_back(settings: Settings, tmp_path: Path) -> None:
     job = f"faulty-{uuid.uuid4().hex[:4]}"
-    register(settings, [job])
+    register(settings, [job], policy="reactive")
     entry_env = {"AUTOSCALER_JOB_ENTRY_POINTS": f"pipeline.demo:build,{ENTRY}"}
     for topic in (f"{job}.in", f"{job}.out"):
         ensure_topic(settings.kafka_bootstrap, topic, 2)
