@@ -147,6 +147,10 @@ def solve(problem: PlanProblem, forbid_first: int | None = None) -> Schedule:
         columns = np.arange(n)[None, :]
         picked = ranked[buckets[:, None], best, columns]
         new_cost = np.where(np.isfinite(picked), total[best, columns], np.inf)
+        # A state with more backlog and no less cost than another at the same parallelism can never do
+        # better (the future depends only on parallelism and backlog): drop it, exactly.
+        cheaper_below = np.minimum.accumulate(new_cost, axis=0)
+        new_cost[1:][cheaper_below[:-1] <= new_cost[1:]] = np.inf
         cost = new_cost.T.reshape(-1)
         backlog = after[best, columns].T.reshape(-1)
         violation = (violation[live][best] + excess[best, columns]).T.reshape(-1)
