@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import typer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from evaluation.cli import evaluate_command
@@ -112,6 +114,17 @@ def test_the_oracles_schedule_replayed_in_the_simulator_keeps_the_target_at_the_
         assert run.slot_seconds == pytest.approx(oracle.slot_seconds)
         assert run.actions == oracle.rescales
 
+
+@settings(max_examples=6, deadline=None)
+@given(name=st.sampled_from(["steps", "spikes", "step-up", "drop", "wiki", "avazu"]),
+       regime=st.sampled_from(["compressed", "real-time"]), seed=st.integers(0, 10_000))
+def test_no_policy_run_within_the_target_is_cheaper_than_the_oracle(name: str, regime: str, seed: int) -> None:
+    policies = ["static", "threshold", "ds2", "flink", "reactive", "default"]
+    result = evaluate_case(name, regime, seed, policies, EvalSettings(hours=0.75, peak=1000.0))  # type: ignore[arg-type]
+    assert result["oracle"]["feasible"]
+    for run in result["runs"]:
+        if run["beyond_target_s"] == 0:
+            assert run["slot_seconds"] >= result["oracle"]["slot_seconds"] - 1e-6, run["policy"]
 
 def test_the_command_prints_a_table_and_writes_json_and_plots(tmp_path: Path) -> None:
     out = tmp_path / "evaluate.json"
