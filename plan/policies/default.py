@@ -13,6 +13,10 @@ plans with, each an estimate on the safe side:
 - actions: the measured restart time of each direction (the plan state's downtimes), the replay
   since the last checkpoint (half a checkpoint interval of arrivals), and a penalty per action.
 
+After a rescale it measures the new parallelism for FIT_MIN_WINDOWS windows before it plans again,
+unless the backlog heads beyond its target. The job's own limits hold as for every policy: excluded
+periods, the step factors and partition alignment; each rescale carries its predicted recovery time.
+
 Pure: everything it learns lives in the plan state's `policy_state`. A job planned per operator
 (`per_operator`, a Flink-like layout with one parallelism per operator) is sized by DS2 inside its
 controls (the `reactive` policy): the schedule search plans one job-wide parallelism.
@@ -21,15 +25,17 @@ controls (the `reactive` policy): the schedule search plans one job-wide paralle
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from dataclasses import replace
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.jobs import JobConfig
+from contracts.jobs import JobConfig, Mode
 from contracts.messages import Analysis, DecisionReason, ForecastView
+from contracts.periods import excluded_at, parse_periods
 from contracts.plan_state import PlanState
-from plan.controls import heading_beyond_target
+from plan.controls import align_to_partitions, heading_beyond_target, limit_step
 from plan.cost_plan import PlanProblem, Schedule, describe, solve
 from plan.forecast_skill import ForecastSkill, note
 from plan.guarded import admit
@@ -37,7 +43,7 @@ from plan.level import LevelState
 from plan.level import update as update_level
 from plan.policies.reactive import ReactivePolicy
 from plan.policy import Plan, direction, hold
-from plan.proactive import downtimes_expected
+from plan.proactive import downtimes_expected, predicted_recovery_s
 
 EXPONENT_PRIOR = 0.95  # capacity ~ p^0.95 beyond what was measured, until two parallelisms were
 EXPONENT_RANGE = (0.5, 1.0)
@@ -100,6 +106,7 @@ class PlannerMemory(BaseModel):
     known: dict[str, Measured] = Field(default_factory=dict)  # by parallelism
     noise_cv: float | None = None  # the latest per-window CV of the per-slot rate
     skill: ForecastSkill = Field(default_factory=ForecastSkill)
+    recommended: int | None = None  # the first step of the last plan
 
 
 def capacities(known: dict[str, Measured], max_parallelism: int, noise_cv: float, z: float) -> np.ndarray:
@@ -205,8 +212,11 @@ class CostPlanner:
             return state, hold(analysis.parallelism, "measuring",
                                f"window {measured} of {FIT_MIN_WINDOWS} measured at parallelism {analysis.parallelism} "
                                "before the next plan (sooner if the backlog heads beyond its target)", rule=self.name)
-        plan = self._plan(memory, analysis, config, state)
-        return state, plan
+        plan, changes = self._plan(memory, analysis, config, state)
+        if plan.recommended is not None and plan.recommended != memory.recommended:
+            memory = memory.model_copy(update={"recommended": plan.recommended})
+            changes["policy_state"] = memory.model_dump(mode="json")
+        return state.updated(changes), plan
 
     def _learn(self, memory: PlannerMemory, analysis: Analysis) -> PlannerMemory:
         p, rate = analysis.parallelism, analysis.true_processing_rate
@@ -220,17 +230,18 @@ class CostPlanner:
         return memory.model_copy(update={"slot": slot, "known": known,
                                          "noise_cv": slot.cv if slot.cv is not None else memory.noise_cv})
 
-    def problem(self, memory: PlannerMemory, analysis: Analysis, config: JobConfig, state: PlanState
-                ) -> PlanProblem | None:
-        """The planning problem this window poses; None while the arrival level or capacity is unknown."""
-        level = memory.level.upper_level(self.rate_z)
+    def problem(self, memory: PlannerMemory, analysis: Analysis, config: JobConfig, state: PlanState,
+                quantiles: bool = True) -> PlanProblem | None:
+        """The planning problem this window poses; None while the arrival level or capacity is unknown.
+        Without `quantiles`, with the point estimates (the mean level and capacities)."""
+        level = memory.level.upper_level(self.rate_z if quantiles else 0.0)
         if level is None or not memory.known:
             return None
         steps = max(1, math.ceil(self.horizon_s / self.step_s))
         rates = planned_rates(level, analysis.forecast, analysis.window_end, steps, self.step_s,
                               memory.skill.trusted(), memory.skill.band())
         noise = memory.noise_cv if memory.noise_cv is not None else NOISE_PRIOR
-        capacity = capacities(memory.known, config.max_parallelism, noise, self.capacity_z)
+        capacity = capacities(memory.known, config.max_parallelism, noise, self.capacity_z if quantiles else 0.0)
         up, down = downtimes_expected(state.downtimes, config)
         replay = (analysis.arrival_rate or 0.0) * config.checkpoint_interval_s / 2
         return PlanProblem(
@@ -240,12 +251,23 @@ class CostPlanner:
             action_penalty_s=self.action_penalty_slot_s,
         )
 
-    def _plan(self, memory: PlannerMemory, analysis: Analysis, config: JobConfig, state: PlanState) -> Plan:
+    def _plan(self, memory: PlannerMemory, analysis: Analysis, config: JobConfig, state: PlanState
+              ) -> tuple[Plan, dict[str, Any]]:
         current = analysis.parallelism
         problem = self.problem(memory, analysis, config, state)
         if problem is None:
-            return hold(current, "learning", "no arrival level or capacity measured yet", rule=self.name)
+            return hold(current, "learning", "no arrival level or capacity measured yet", rule=self.name), {}
         chosen = solve(problem)
+        kept = memory.recommended
+        if kept is not None and kept not in (chosen.first, current) and 1 <= kept <= problem.max_parallelism:
+            # A recommendation not acted on (recommend mode, a held rescale) changes only when the point
+            # estimates say it no longer keeps the target or costs an action's penalty more than the best:
+            # a Schmitt trigger whose band is the estimates' uncertainty, so noise does not flip it.
+            point = self.problem(memory, analysis, config, state, quantiles=False)
+            if point is not None:
+                keeping, best = solve(point, force_first=kept), solve(point)
+                if keeping.violation_s == 0 and keeping.cost <= best.cost + self.action_penalty_slot_s:
+                    chosen = solve(problem, force_first=kept)
         alternative = solve(problem, forbid_first=chosen.first) if config.max_parallelism > 1 else None
         target = chosen.first
         numbers = _numbers(chosen, alternative, problem)
@@ -255,10 +277,29 @@ class CostPlanner:
         if chosen.violation_s > 0:
             message += f"; expects {chosen.violation_s:.0f} s of arrivals beyond the backlog target at best"
         if target == current:
-            return hold(current, "planned_hold", message, rule=self.name, **numbers)
-        action = direction(current, target)
+            return hold(current, "planned_hold", message, rule=self.name, **numbers), {}
+        # The job's own limits hold for every policy: excluded periods, step factors, partition alignment.
+        period = excluded_at(analysis.window_end, parse_periods(config.excluded_periods))
+        if period is not None:
+            return replace(hold(current, "excluded_period", f"{message}; no rescaling during the excluded period "
+                                f"{period.text!r}", rule="excluded_periods", **numbers), recommended=target), {}
+        to, note = limit_step(current, target, config)
+        notes = [note] if note else []
+        if config.align_to_partitions:
+            to, note = align_to_partitions(current, to, analysis, config)
+            notes += [note] if note else []
+        message = "; ".join([message, *notes])
+        if to == current:
+            return replace(hold(current, "planned_hold", message, rule=self.name, **numbers), recommended=target), {}
+        top = problem.max_parallelism
+        numbers["predicted_recovery_s"] = predicted_recovery_s(
+            analysis, config, to, state.downtimes, lambda p: float(problem.capacity[min(p, top)]))
+        changes: dict[str, Any] = {"pending_recovery": {"from": current, "to": to, "window_end": analysis.window_end,
+                                                        "predicted_s": numbers["predicted_recovery_s"]}}
+        if config.mode is Mode.AUTO:  # a recommendation does not restart the job
+            changes["rescale_decided_at"] = analysis.window_end
         reason = DecisionReason(code="cost_plan", rule=self.name, message=message, numbers=numbers)
-        return Plan(action, target, reason, recommended=target)
+        return Plan(direction(current, to), to, reason, recommended=target), changes
 
 
 def _numbers(chosen: Schedule, alternative: Schedule | None, problem: PlanProblem) -> dict[str, float | int | None]:

