@@ -101,7 +101,7 @@ def solve(problem: PlanProblem, forbid_first: int | None = None, force_first: in
     allows only that one (what keeping an earlier choice would cost).
 
     Per (step, parallelism) the DP keeps one path per backlog bucket (the backlog as a fraction of the
-    largest target from that step on, in `BUCKETS` equal parts, the last holding everything beyond):
+    step's target, in `BUCKETS` equal parts, the last holding everything beyond):
     the cheapest by cost plus the work its backlog needs. A cheap path with a high backlog and a dearer one with a low
     backlog both survive, so a path that must later drain is not lost to one that only looks cheaper."""
     problem.check()
@@ -125,9 +125,6 @@ def solve(problem: PlanProblem, forbid_first: int | None = None, force_first: in
     parents = np.zeros((steps, states), dtype=np.int64)
     backlogs = np.zeros((steps, states))
     buckets = np.arange(BUCKETS)
-    # The buckets span the largest target from this step on: a backlog that is harmless now but not when
-    # the load rises later is kept apart from a smaller one.
-    scale = problem.backlog_target_s * np.maximum.accumulate(np.asarray(problem.rates, dtype=float)[::-1])[::-1]
     for k in range(steps):
         rate = float(problem.rates[k])
         limit = problem.backlog_target_s * rate
@@ -147,7 +144,7 @@ def solve(problem: PlanProblem, forbid_first: int | None = None, force_first: in
             choose[:, forbid_first - 1] = np.inf
         if k == 0 and force_first is not None and 1 <= force_first <= n:
             choose[:, np.arange(n) != force_first - 1] = np.inf
-        fill = np.minimum((after / max(scale[k], EPSILON) * (BUCKETS - 1)).astype(np.int64), BUCKETS - 1)
+        fill = np.minimum((after / max(limit, EPSILON) * (BUCKETS - 1)).astype(np.int64), BUCKETS - 1)
         ranked = np.where(fill[None, :, :] == buckets[:, None, None], choose[None, :, :], np.inf)  # (bucket, s, p)
         best = np.argmin(ranked, axis=1)  # (bucket, p)
         columns = np.arange(n)[None, :]
