@@ -7,6 +7,11 @@ from typing import Any
 from rich.console import Console
 
 from agent.explain import decision_table, is_suppression, summary
+from contracts.jobs import JobConfig
+from contracts.messages import Analysis
+from contracts.plan_state import PlanState
+from plan.policies.default import CostPlanner
+from plan.step import to_decision
 
 
 def decision(t: float, action: str, frm: int, to: int, code: str, recommended: int | None = None) -> dict[str, Any]:
@@ -51,3 +56,21 @@ def test_the_table_can_show_only_actions_and_suppressions() -> None:
     console.print(decision_table(HISTORY, only_changes=True))
     text = console.export_text()
     assert "scale_down_delayed" in text and "collecting_samples" not in text and "at_optimal" not in text
+
+
+def test_a_planner_decision_shows_its_schedule_its_cost_and_the_next_best() -> None:
+    planner, config, state = CostPlanner(), JobConfig(max_parallelism=8), PlanState()
+    records = []
+    for i, (arrival, backlog) in enumerate([(300.0, 0)] * 8 + [(700.0, 20_000)]):
+        analysis = Analysis(job_id="j", window_end=10.0 * i, parallelism=2, valid=True, true_processing_rate=200.0,
+                            true_output_rate=200.0, observed_processing_rate=min(arrival, 400.0),
+                            utilization=min(1.0, arrival / 400.0), arrival_rate=arrival, backlog=backlog,
+                            closed_at=10.0 * i)
+        state, plan = planner.decide(state, analysis, config)
+        records.insert(0, to_decision(plan, analysis, config).model_dump(mode="json"))
+    console = Console(record=True, width=400)
+    console.print(decision_table(records, only_changes=True))
+    text = console.export_text()
+    assert "scale_up" in text and "cost_plan" in text
+    assert "over 30 min costs" in text and "next best" in text
+    assert "plan_cost_slot_s=" in text and "alternative_cost_slot_s=" in text and "alternative_first=" in text
