@@ -93,7 +93,7 @@ def test_a_case_runs_every_policy_and_the_oracle_on_the_same_load_and_noise() ->
     assert result["oracle"]["feasible"]
     for run in result["runs"]:
         assert run["vs_oracle"] == pytest.approx(run["slot_seconds"] / result["oracle"]["slot_seconds"], abs=1e-3)
-        assert {"slot_seconds", "beyond_target_s", "actions", "restarts", "peak_backlog"} <= set(run)
+        assert {"slot_seconds", "seconds_beyond_target", "actions", "restarts", "peak_backlog"} <= set(run)
     assert set(result["timelines"]) == {"static", "default", "ds2", "oracle"}
 
 
@@ -123,7 +123,7 @@ def test_no_policy_run_within_the_target_is_cheaper_than_the_oracle(name: str, r
     result = evaluate_case(name, regime, seed, policies, EvalSettings(hours=0.75, peak=1000.0))  # type: ignore[arg-type]
     assert result["oracle"]["feasible"]
     for run in result["runs"]:
-        if run["beyond_target_s"] == 0:
+        if run["seconds_beyond_target"] == 0:
             assert run["slot_seconds"] >= result["oracle"]["slot_seconds"] - 1e-6, run["policy"]
 
 def test_the_command_prints_a_table_and_writes_json_and_plots(tmp_path: Path) -> None:
