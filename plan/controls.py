@@ -169,6 +169,16 @@ def check_scale_up_effectiveness(
     return updates, notice
 
 
+def bounded_step(current: int, to: int, analysis: Analysis, config: JobConfig) -> tuple[int, list[str]]:
+    """A rescale within the job's limits: the step factors, then partition alignment; what changed it, said."""
+    to, note = limit_step(current, to, config)
+    notes = [note] if note else []
+    if config.align_to_partitions:
+        to, note = align_to_partitions(current, to, analysis, config)
+        notes += [note] if note else []
+    return to, notes
+
+
 def heading_beyond_target(analysis: Analysis, config: JobConfig) -> bool:
     """Whether the backlog, growing as it does, passes its target within the target's own time."""
     backlog, arrival = float(analysis.backlog or 0), analysis.arrival_rate or 0.0

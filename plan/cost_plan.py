@@ -14,8 +14,8 @@ Model, per step k of `step_s` seconds (a rescale starts at the step's start):
   `action_penalty_s` per rescale, plus the work the backlog left at the horizon's end still needs
   (backlog x slot-seconds per record), plus `violation_weight` slot-seconds per second of arrivals
   (at least 1 record/s) by which the backlog exceeds its target (`backlog_target_s` x rate_k,
-  checked at a restart's end and at the step's end). The weight is large: the target is a constraint that is broken only
-  when no schedule keeps it.
+  checked at a restart's end and at the step's end). The weight is large: the target is a constraint
+  that is broken only when no schedule keeps it.
 - The backlog is carried as state: per (step, parallelism, backlog bucket) the DP keeps the path
   with the least cost plus the work its backlog still needs (see `solve`).
 - Rates are upper quantiles and capacities lower quantiles (the caller's), so the schedule keeps
@@ -101,9 +101,9 @@ def solve(problem: PlanProblem, forbid_first: int | None = None, force_first: in
     allows only that one (what keeping an earlier choice would cost).
 
     Per (step, parallelism) the DP keeps one path per backlog bucket (the backlog as a fraction of the
-    step's target, in `BUCKETS` equal parts, the last holding everything beyond):
-    the cheapest by cost plus the work its backlog needs. A cheap path with a high backlog and a dearer one with a low
-    backlog both survive, so a path that must later drain is not lost to one that only looks cheaper."""
+    step's target, in `BUCKETS` equal parts, the last holding everything beyond): the cheapest by cost
+    plus the work its backlog needs. A cheap path with a high backlog and a dearer one with a low backlog
+    both survive, so a path that must later drain is not lost to one that only looks cheaper."""
     problem.check()
     n, steps, dt = problem.max_parallelism, len(problem.rates), problem.step_s
     cap = np.asarray(problem.capacity[1:], dtype=float)

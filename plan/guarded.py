@@ -21,11 +21,10 @@ from contracts.periods import excluded_at, parse_periods
 from contracts.plan_state import PlanState
 from plan.controls import (
     JUDGED_WINDOWS,
-    align_to_partitions,
     apply_delayed_scale_down,
+    bounded_step,
     check_scale_up_effectiveness,
     heading_beyond_target,
-    limit_step,
     smoothed,
     smoothing_samples,
 )
@@ -113,12 +112,7 @@ def guarded_plan(
         return held("scale_up_blocked",
                     f"scale-ups are blocked for {blocked_until - now:.0f} s more after an ineffective one",
                     "scale_up_effectiveness", blocked_until=blocked_until), updates
-    notes: list[str] = []
-    to, note = limit_step(current, plan.to_parallelism, config)
-    notes += [note] if note else []
-    if config.align_to_partitions:
-        to, note = align_to_partitions(current, to, analysis, config)
-        notes += [note] if note else []
+    to, notes = bounded_step(current, plan.to_parallelism, analysis, config)
     if to != plan.to_parallelism or notes:
         reason = plan.reason.model_copy(update={"message": "; ".join([plan.reason.message, *notes])})
         plan = replace(plan, action=direction(current, to), to_parallelism=to, reason=reason)
@@ -197,8 +191,14 @@ def _with_predicted_recovery(
     if planned is not None:
         numbers["planned_recovery_s"] = planned
     plan = replace(plan, reason=plan.reason.model_copy(update={"numbers": numbers}))
-    updates: dict[str, Any] = {"pending_recovery": {"from": current, "to": plan.to_parallelism,
-                                                    "predicted_s": predicted, "window_end": now}}
+    return plan, rescale_updates(current, plan.to_parallelism, now, predicted, config)
+
+
+def rescale_updates(current: int, to: int, now: float, predicted_s: float | None, config: JobConfig
+                    ) -> dict[str, Any]:
+    """The plan-state changes of a rescale decided: the recovery it predicts, and when it was decided."""
+    updates: dict[str, Any] = {"pending_recovery": {"from": current, "to": to, "predicted_s": predicted_s,
+                                                    "window_end": now}}
     if config.mode is Mode.AUTO:  # a recommendation does not restart the job
         updates["rescale_decided_at"] = now
-    return plan, updates
+    return updates

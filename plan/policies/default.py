@@ -31,14 +31,14 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.jobs import JobConfig, Mode
+from contracts.jobs import JobConfig
 from contracts.messages import Analysis, DecisionReason, ForecastView
 from contracts.periods import excluded_at, parse_periods
 from contracts.plan_state import PlanState
-from plan.controls import align_to_partitions, heading_beyond_target, limit_step
+from plan.controls import bounded_step, heading_beyond_target
 from plan.cost_plan import PlanProblem, Schedule, describe, solve
 from plan.forecast_skill import ForecastSkill, note
-from plan.guarded import admit
+from plan.guarded import admit, rescale_updates
 from plan.level import LevelState
 from plan.level import update as update_level
 from plan.policies.reactive import ReactivePolicy
@@ -116,10 +116,10 @@ def capacities(known: dict[str, Measured], max_parallelism: int, noise_cv: float
     with k fitted through the points measured over FIT_MIN_WINDOWS windows or more (a power law, k in
     EXPONENT_RANGE; EXPONENT_PRIOR until two such points) above q, and k = 1 below it (no better than
     linear there: the safe side).
-    Each estimate's relative variance is the measurement's (cv^2 / the windows it is worth) plus EXTRAPOLATION_ERROR per
-    doubling of p / q, squared; the estimates are pooled by inverse variance, so one noisy window at
-    a new parallelism does not outweigh what the others imply. The quantile is the pooled estimate
-    less z times its error. The window-to-window noise itself is left out: the backlog sums it over
+    Each estimate's relative variance is the measurement's (cv^2 / the windows it is worth) plus
+    EXTRAPOLATION_ERROR per doubling of p / q, squared; the estimates are pooled by inverse variance,
+    so one noisy window at a new parallelism does not outweigh what the others imply. The quantile is
+    the pooled estimate less z times its error. The window-to-window noise itself is left out: the backlog sums it over
     the many windows it takes to fill the target, where it averages away; the error of the mean
     does not."""
     points = sorted((int(p), m) for p, m in known.items() if m.capacity > 0)
@@ -283,21 +283,14 @@ class CostPlanner:
         if period is not None:
             return replace(hold(current, "excluded_period", f"{message}; no rescaling during the excluded period "
                                 f"{period.text!r}", rule="excluded_periods", **numbers), recommended=target), {}
-        to, note = limit_step(current, target, config)
-        notes = [note] if note else []
-        if config.align_to_partitions:
-            to, note = align_to_partitions(current, to, analysis, config)
-            notes += [note] if note else []
+        to, notes = bounded_step(current, target, analysis, config)
         message = "; ".join([message, *notes])
         if to == current:
             return replace(hold(current, "planned_hold", message, rule=self.name, **numbers), recommended=target), {}
         top = problem.max_parallelism
         numbers["predicted_recovery_s"] = predicted_recovery_s(
             analysis, config, to, state.downtimes, lambda p: float(problem.capacity[min(p, top)]))
-        changes: dict[str, Any] = {"pending_recovery": {"from": current, "to": to, "window_end": analysis.window_end,
-                                                        "predicted_s": numbers["predicted_recovery_s"]}}
-        if config.mode is Mode.AUTO:  # a recommendation does not restart the job
-            changes["rescale_decided_at"] = analysis.window_end
+        changes = rescale_updates(current, to, analysis.window_end, numbers["predicted_recovery_s"], config)
         reason = DecisionReason(code="cost_plan", rule=self.name, message=message, numbers=numbers)
         return Plan(direction(current, to), to, reason, recommended=target), changes
 
