@@ -14,7 +14,7 @@ from contracts.jobs import JobConfig, Mode
 from contracts.messages import Action, Analysis, ForecastView
 from contracts.plan_state import PlanState
 from evaluation.jobmodel import demo_model
-from evaluation.simulator import PolicyRunner, rate_factors, simulate
+from evaluation.simulator import PolicyRun, PolicyRunner, rate_factors, simulate
 from evaluation.traces import load_trace
 from plan.cost_plan import PlanProblem, describe, solve
 from plan.forecast_skill import ForecastSkill, note
@@ -263,13 +263,17 @@ def test_the_decision_shows_the_schedule_its_cost_and_the_next_best() -> None:
     assert numbers["alternative_cost_slot_s"] >= numbers["plan_cost_slot_s"]  # type: ignore[operator]
 
 
+def simulated(name: str, start: int, seed: int) -> PolicyRun:
+    """The planner on 2 h of a synthetic trace at a 1,400 rec/s peak, in the simulator, from `start` slots."""
+    trace = load_trace(name, hours=2.0, peak=1400.0, regime="real-time", seed=seed)
+    config = JobConfig(max_parallelism=12, backlog_target_s=60.0)
+    return simulate(trace, demo_model(), PolicyRunner(CostPlanner(), config), config, start, 60.0, seed=seed,
+                    factors=rate_factors(len(trace.rates), seed))
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_a_step_up_takes_one_scale_up_and_stays_within_target(seed: int) -> None:
-    trace = load_trace("step-up", hours=2.0, peak=1400.0, regime="real-time", seed=seed)
-    config = JobConfig(max_parallelism=12, backlog_target_s=60.0)
-    runner = PolicyRunner(CostPlanner(), config)
-    run = simulate(trace, demo_model(), runner, config, 2, 60.0, seed=seed,
-                   factors=rate_factors(len(trace.rates), seed))
+    run = simulated("step-up", 2, seed)
     assert run.scale_ups == 1 and run.beyond_target_s == 0
     assert run.timeline.parallelism[-1] >= math.ceil(1400 / 215)
 
@@ -292,11 +296,7 @@ def test_after_a_rescale_it_measures_before_it_plans_again_unless_the_backlog_ru
 
 @pytest.mark.parametrize("seed", range(3))
 def test_a_drop_takes_no_scale_up(seed: int) -> None:
-    trace = load_trace("drop", hours=2.0, peak=1400.0, regime="real-time", seed=seed)
-    config = JobConfig(max_parallelism=12, backlog_target_s=60.0)
-    runner = PolicyRunner(CostPlanner(), config)
-    run = simulate(trace, demo_model(), runner, config, 8, 60.0, seed=seed,
-                   factors=rate_factors(len(trace.rates), seed))
+    run = simulated("drop", 8, seed)
     assert run.scale_ups == 0 and run.scale_downs >= 1 and run.beyond_target_s == 0
     assert run.timeline.parallelism[-1] <= 3
 
