@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from evaluation.traces import read_rates, scale_rates
-from pipeline.loadgen import Replay, Shape, expected_total, generate_load, parse_shape
+from pipeline.loadgen import LINGER_MS, Replay, Shape, expected_total, generate_load, parse_shape
 
 
 def replay_file(
@@ -63,6 +63,9 @@ def run(
     start_id: Annotated[int, typer.Option("--start-id", min=0)] = 0,
     partitions: Annotated[int, typer.Option("--partitions", min=1, help="For a topic created here.")] = 4,
     quiet: Annotated[bool, typer.Option("--quiet")] = False,
+    linger_ms: Annotated[
+        float, typer.Option("--linger-ms", min=0, help="The producer's batching delay per partition.")
+    ] = LINGER_MS,
 ) -> None:
     """Produce the load; print a JSON summary with the number of records produced."""
     from contracts.settings import get_settings
@@ -108,6 +111,7 @@ def run(
         stop_event=stop,
         on_progress=progress,
         security=kafka_security_config(get_settings()),
+        linger_ms=linger_ms,
     )
     expected = expected_total(chosen, min(result.seconds, duration or chosen.duration_s or result.seconds))
     typer.echo(json.dumps({

@@ -177,7 +177,9 @@ class LogEndProbe:
             pending = set(positions)
             deadline = time.monotonic() + self.timeout
             while pending and time.monotonic() < deadline:
-                for msg in self.consumer.consume(num_messages=500, timeout=0.2):
+                # A short wait per poll: consume() waits its whole timeout unless num_messages
+                # arrive, and this runs at every micro-batch trigger.
+                for msg in self.consumer.consume(num_messages=500, timeout=0.01):
                     err = msg.error()
                     if err is None or err.code() == KafkaError._PARTITION_EOF:
                         pending.discard(msg.partition())

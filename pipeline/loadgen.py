@@ -160,6 +160,15 @@ class LoadResult:
         return self.produced / self.seconds if self.seconds > 0 else 0.0
 
 
+# The producer sends a partition's records at most every LINGER_MS, as one record batch. Record
+# timestamps still follow the shape (records are created on time); only their delivery is grouped.
+# Why not Kafka's usual 5 ms: the embedded broker (tansu 0.6, memory storage) lists every record batch
+# a partition has ever stored on each Fetch and ListOffsets, and it deletes nothing, so each request
+# costs in proportion to the batches stored. At 300 records/s, 5 ms made about 300 batches a second
+# and the broker saturated a core within 7 minutes (docs/spark.md, "Why the live job slowed down").
+LINGER_MS = 250.0
+
+
 def generate_load(
     bootstrap: str,
     topic: str,
@@ -173,10 +182,12 @@ def generate_load(
     stop_event: threading.Event | None = None,
     on_progress: Callable[[float, int], None] | None = None,
     security: Mapping[str, str] | None = None,
+    linger_ms: float = LINGER_MS,
 ) -> LoadResult:
     """Produce demo records following `shape` until its end, `duration_s`, or `stop_event`.
 
-    `security`: SASL/SSL client properties (infra.security.kafka_security_config)."""
+    `security`: SASL/SSL client properties (infra.security.kafka_security_config). `linger_ms`: how long
+    the producer gathers records into one batch per partition (see LINGER_MS)."""
     from confluent_kafka import Producer
 
     from infra.kafka import ensure_topic
@@ -187,9 +198,9 @@ def generate_load(
     if keys < 1:
         raise ValueError("keys must be at least 1")
     ensure_topic(bootstrap, topic, partitions, security=security)
-    producer = Producer(
-        {"bootstrap.servers": bootstrap, **(security or {}), "linger.ms": 5, "enable.idempotence": True}
-    )
+    producer = Producer({
+        "bootstrap.servers": bootstrap, **(security or {}), "linger.ms": linger_ms, "enable.idempotence": True,
+    })
     stop_event = stop_event or threading.Event()
     next_id = start_id
     budget = 0.0
