@@ -32,6 +32,17 @@ def analyze_operator(op: OperatorWindow, observed_s: float) -> OperatorAnalysis:
     )
 
 
+def batch_overhead(window: MetricWindow) -> float | None:
+    """Seconds per micro-batch that the slots' work does not explain: (batch time - busy time /
+    parallelism) / batches. Busy time is the tasks' work summed over the slots, so busy / parallelism
+    is the wall time that work takes when spread evenly; the rest of a batch's time is a fixed cost
+    per batch (offsets, planning, commits, the driver's part), paid however few records it has.
+    None without micro-batch metrics or while the parallelism changed within the window."""
+    if window.batches is None or window.batch_time_s is None or window.batches == 0 or window.parallelism_changed:
+        return None
+    return max(0.0, (window.batch_time_s - window.busy_time_s / window.parallelism) / window.batches)
+
+
 def invalid_reason(window: MetricWindow) -> str | None:
     if window.parallelism_changed:
         return "parallelism changed within the window (a rescale); its rates mix two configurations"
@@ -53,6 +64,7 @@ def analyze_window(window: MetricWindow, fallback: dict[str, Any] | None = None)
         "parallelism": window.parallelism,
         "observed_processing_rate": rate(window.records_in, window.observed_s),
         "utilization": window.busy_time_s / (window.observed_s * window.parallelism),
+        "batch_overhead_s": batch_overhead(window),
         "arrival_rate": source.arrival_rate if source else None,
         "backlog": source.backlog if source else None,
         "backlog_growth_rate": source.backlog_growth_rate if source else None,

@@ -79,6 +79,13 @@ class MetricReport(Contract):
         description="Useful (busy) time in the interval summed over this worker's slots or tasks."
     )
     cpu_utilization: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    batches: NonNegativeInt | None = Field(
+        None, description="Micro-batches that read records in the interval (Spark); None for an engine without "
+        "micro-batches. With `batch_time_s`, it measures the fixed cost per batch (see Analysis.batch_overhead_s)."
+    )
+    batch_time_s: Annotated[float, Field(ge=0, le=86_400, allow_inf_nan=False)] | None = Field(
+        None, description="Those micro-batches' summed wall time (Spark: durationMs.triggerExecution)."
+    )
     source: SourceMetrics | None = None
     shuffle_partitions: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
         None, description="Partitions of the job's shuffles (Spark: spark.sql.shuffle.partitions), so the "
@@ -88,6 +95,8 @@ class MetricReport(Contract):
 
     @model_validator(mode="after")
     def _operators_are_a_dag(self) -> MetricReport:
+        if (self.batches is None) != (self.batch_time_s is None):
+            raise ValueError("batches and batch_time_s come together (both or neither)")
         ids = [op.operator_id for op in self.operators]
         if len(set(ids)) != len(ids):
             raise ValueError("operator ids must be unique")
@@ -147,6 +156,8 @@ class MetricWindow(Contract):
     records_out: NonNegativeInt
     busy_time_s: NonNegativeFloat
     cpu_utilization: float | None = None
+    batches: NonNegativeInt | None = Field(None, description="Micro-batches with records; None: not reported.")
+    batch_time_s: NonNegativeFloat | None = None
     source: SourceWindow | None = None
     shuffle_partitions: int | None = None
     operators: list[OperatorWindow] = Field(default_factory=list)
@@ -231,6 +242,11 @@ class Analysis(Contract):
     true_output_rate: NonNegativeFloat
     observed_processing_rate: NonNegativeFloat
     utilization: NonNegativeFloat = Field(description="Busy time / (observed time x parallelism).")
+    batch_overhead_s: NonNegativeFloat | None = Field(
+        None, description="Wall time per micro-batch that the slots' work does not explain: (batch time - busy "
+        "time / parallelism) / batches. A fixed cost per batch (planning, offsets, the driver's share); None "
+        "when the window has no micro-batch metrics."
+    )
     arrival_rate: NonNegativeFloat | None = None
     backlog: NonNegativeInt | None = None
     backlog_growth_rate: float | None = None

@@ -132,6 +132,9 @@ def _fold(state: WindowState, report: MetricReport) -> None:
     worker["records_out"] += report.records_out
     worker["busy"] += report.busy_time_s
     worker["observed"] += report.interval_s
+    if report.batches is not None:
+        worker["batches"] = worker.get("batches", 0) + report.batches
+        worker["batch_time"] = worker.get("batch_time", 0.0) + (report.batch_time_s or 0.0)
     worker["first_begin"] = min(worker["first_begin"], report.timestamp - report.interval_s)
     worker["last_end"] = max(worker["last_end"], report.timestamp)
     worker["parallelism_last"] = report.parallelism
@@ -174,6 +177,7 @@ def close_window(state: WindowState, job_id: str, interval_s: float) -> MetricWi
     parallelisms = {w["parallelism_first"] for w in workers} | {w["parallelism_last"] for w in workers}
     cpu_time = sum(w["cpu_time"] for w in workers)
     cpu = sum(w["cpu_weighted"] for w in workers) / cpu_time if cpu_time else None
+    batched = [w for w in workers if "batches" in w]
     return MetricWindow(
         job_id=job_id,
         window_start=state["start"],
@@ -187,6 +191,8 @@ def close_window(state: WindowState, job_id: str, interval_s: float) -> MetricWi
         records_out=sum(w["records_out"] for w in workers),
         busy_time_s=sum(w["busy"] for w in workers),
         cpu_utilization=cpu,
+        batches=sum(w["batches"] for w in batched) if batched else None,
+        batch_time_s=sum(w["batch_time"] for w in batched) if batched else None,
         source=_source_window(workers),
         shuffle_partitions=last_worker.get("shuffle_partitions"),
         operators=_operator_windows(workers, observed),

@@ -149,6 +149,8 @@ class IntervalAggregator:
     splittable: bool = True
     _interval_start: float = field(init=False)
     _records_in: int = field(default=0, init=False)
+    _batches: int = field(default=0, init=False)
+    _batch_time_s: float = field(default=0.0, init=False)
     _sink_rows: int | None = field(default=0, init=False)
     _baseline: ProgressSample | None = field(default=None, init=False)
     _last: ProgressSample | None = field(default=None, init=False)
@@ -167,6 +169,9 @@ class IntervalAggregator:
 
     def add(self, sample: ProgressSample) -> None:
         self._records_in += sample.input_rows
+        if sample.input_rows > 0:  # a trigger that found no records is not a batch's cost
+            self._batches += 1
+            self._batch_time_s += sample.duration_s
         if self._sink_rows is not None:
             self._sink_rows = None if sample.sink_rows is None else self._sink_rows + sample.sink_rows
         if self._baseline is None and sample.log_end:
@@ -223,9 +228,13 @@ class IntervalAggregator:
             busy_time_s=stages.run_time_s,
             cpu_time_s=stages.cpu_time_s if stages.available else None,
             source=source,
+            batches=self._batches,
+            batch_time_s=self._batch_time_s,
         )
         self._interval_start = end
         self._records_in = 0
+        self._batches = 0
+        self._batch_time_s = 0.0
         self._sink_rows = 0
         self._samples = 0
         if self._last.log_end:
@@ -245,6 +254,8 @@ def build_metric_report(
     cpu_time_s: float | None = None,
     source: SourceMetrics | None = None,
     worker_id: str = "driver",
+    batches: int | None = None,
+    batch_time_s: float | None = None,
 ) -> MetricReport:
     """A MetricReport from plain numbers; CPU utilisation is CPU time over the slots' time."""
     interval_s = min(max(interval_s, 1e-3), 3600.0)
@@ -262,4 +273,6 @@ def build_metric_report(
         busy_time_s=max(0.0, busy_time_s),
         cpu_utilization=cpu,
         source=source,
+        batches=None if batches is None else max(0, batches),
+        batch_time_s=None if batches is None else min(86_400.0, max(0.0, batch_time_s or 0.0)),
     )

@@ -72,3 +72,26 @@ def test_config_defaults_come_from_settings_and_bad_values_are_refused() -> None
         parse_assignments(["colour=blue"])
     with pytest.raises(ConfigError, match="key=value"):
         parse_assignments(["mode"])
+
+
+@given(overhead=st.floats(0.0, 3.0), per_slot=st.floats(10.0, 1000.0), parallelism=st.integers(1, 16),
+       sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=20))
+def test_batch_overhead_recovers_the_fixed_cost_of_batches_whose_time_is_overhead_plus_work(
+    overhead: float, per_slot: float, parallelism: int, sizes: list[int]
+) -> None:
+    # A batch of n records takes overhead + n / (parallelism x per_slot) on the wall clock, and its
+    # tasks are busy n / per_slot seconds summed over the slots.
+    records = sum(sizes)
+    busy = records / per_slot
+    batch_time = sum(overhead + n / (parallelism * per_slot) for n in sizes)
+    a = analyze_window(window(records_in=records, busy_time_s=busy, parallelism=parallelism,
+                              batches=len(sizes), batch_time_s=batch_time))
+    assert a.batch_overhead_s == pytest.approx(overhead, abs=1e-6)
+
+
+def test_batch_overhead_is_unknown_without_batch_metrics_or_across_a_rescale() -> None:
+    assert analyze_window(window()).batch_overhead_s is None
+    assert analyze_window(window(batches=0, batch_time_s=0.0)).batch_overhead_s is None
+    rescaled = window(batches=5, batch_time_s=9.0, parallelism_changed=True)
+    assert analyze_window(rescaled).batch_overhead_s is None
+    assert analyze_window(window(batches=5, batch_time_s=9.0)).batch_overhead_s == pytest.approx((9.0 - 5.0) / 5)

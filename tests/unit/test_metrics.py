@@ -119,3 +119,24 @@ def test_sample_from_progress_json() -> None:
     assert s.trigger_start == parse_spark_timestamp("2024-05-01T12:00:00.500Z")
     assert s.end == pytest.approx(s.trigger_start + 1.5)
     assert (s.input_rows, s.sink_rows, s.processed, s.log_end) == (42, None, {0: 43}, {0: 50})
+
+
+def test_aggregator_counts_the_micro_batches_that_read_records_and_their_time() -> None:
+    agg = IntervalAggregator(job_id="j", started_at=0.0)
+    agg.add(sample(0.0, 100, {0: 100}, {0: 100}))
+    agg.add(sample(1.0, 0, {0: 100}, {0: 100}))  # an empty trigger: no batch cost to measure
+    agg.add(sample(2.0, 50, {0: 150}, {0: 150}))
+    report = agg.report(parallelism=1, stages=StageTotals(run_time_s=0.4))
+    assert report is not None
+    assert (report.batches, report.batch_time_s) == (2, pytest.approx(1.0))  # two batches of 0.5 s
+    agg.add(sample(3.0, 10, {0: 160}, {0: 160}))
+    report = agg.report(parallelism=1, stages=StageTotals())
+    assert report is not None and (report.batches, report.batch_time_s) == (1, pytest.approx(0.5))
+
+
+def test_a_report_gives_batches_and_their_time_together() -> None:
+    base = {"job_id": "j", "timestamp": 10.0, "interval_s": 5.0, "parallelism": 1, "records_in": 1,
+            "records_out": 1, "busy_time_s": 0.1}
+    with pytest.raises(ValueError, match="both or neither"):
+        MetricReport.model_validate(base | {"batches": 3})
+    assert MetricReport.model_validate(base | {"batches": 3, "batch_time_s": 2.0}).batches == 3

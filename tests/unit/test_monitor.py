@@ -152,3 +152,11 @@ def test_any_bytes_are_accepted_or_rejected_never_raised(value: bytes) -> None:
     if isinstance(result, Rejection):
         letter = dead_letter("metrics", value, b"k", result, "monitor", 0, 1)
         assert base64.b64decode(letter.payload_base64) == value  # kept whole: nothing is lost
+
+
+def test_micro_batches_and_their_time_add_up_in_a_window_and_stay_unknown_when_unreported() -> None:
+    reports = [report(1000 + i, batches=2, batch_time_s=1.5) for i in range(1, 10)]
+    _, closed = fold([*reports, report(1010.5)])
+    assert closed[0].batches == 18 and closed[0].batch_time_s == pytest.approx(13.5)
+    _, closed = fold([*(report(1000 + i) for i in range(1, 10)), report(1010.5)])
+    assert closed[0].batches is None and closed[0].batch_time_s is None
