@@ -18,52 +18,23 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from confluent_kafka import Consumer, TopicPartition
 
 from contracts.messages import MetricReport
-from contracts.settings import Settings, Topics
+from evaluation.calibrate import INPUT, Metrics
+from evaluation.calibrate import job_config as calibration_job
 from infra.kafka import ensure_topic
 from pipeline.loadgen import Constant, generate_load
 from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
 from stack.processes import start_broker
 
 app = typer.Typer(help=__doc__, no_args_is_help=True)
-INPUT = "bench.input"
-OUTPUT = "bench.output"
-METRICS = "bench.metrics"
 
 
-class Metrics:
-    def __init__(self, bootstrap: str):
-        ensure_topic(bootstrap, METRICS, 1)
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench", "fetch.wait.max.ms": 100})
-        self.consumer.assign([TopicPartition(METRICS, 0, 0)])
-        self.reports: list[MetricReport] = []
-
-    def poll(self, seconds: float) -> list[MetricReport]:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            for msg in self.consumer.consume(100, 0.2):
-                if msg.error() is None:
-                    self.reports.append(MetricReport.model_validate_json(msg.value()))
-        return self.reports
-
-
-def job_config(bootstrap: str, cost_ms: float, directory: Path, **extra) -> SparkJobConfig:
-    settings = Settings(kafka_bootstrap=bootstrap, topic_partitions=1, topics=Topics(metrics=METRICS))
-    return SparkJobConfig(
-        job_id="bench",
-        entry_point="pipeline.demo:build",
-        checkpoint_dir=directory,
-        bootstrap=bootstrap,
-        options={"cost_ms": str(cost_ms), "input_topic": INPUT, "output_topic": OUTPUT},
-        report_interval_s=5.0,
-        settings=settings,
-        **extra,
-    )
+def job_config(bootstrap: str, cost_ms: float, directory: Path, **extra: Any) -> SparkJobConfig:
+    return calibration_job(bootstrap, {"cost_ms": str(cost_ms)}, directory, **extra)
 
 
 def summarize(reports: list[MetricReport], parallelism: int) -> dict[str, float]:

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from evaluation.convergence import experiment
+from evaluation.job_models import JobModelError
 from evaluation.report import markdown, plot, print_convergence, print_table
 from evaluation.suite import EVALUATED, EvalSettings, calibration, cases_of, evaluate_all, summarize
 from evaluation.traces import REGIMES, SHARED_TRACES, TRACE_NAMES, TraceError, read_trace_file
@@ -43,7 +44,10 @@ def evaluate_command(
     backlog_target_s: Annotated[float, typer.Option(help="Backlog target, in seconds of arrivals.")] = 60.0,
     seeds: Annotated[int, typer.Option(help="Noise seeds per trace and regime.")] = 5,
     first_seed: Annotated[int, typer.Option(help="The first noise seed.")] = 0,
-    rate_noise: Annotated[float, typer.Option(help="Per-window log-sd of the processing rate (0.1: 10 %).")] = 0.1,
+    rate_noise: Annotated[float | None, typer.Option(
+        help="Per-window log-sd of the processing rate (0.1: 10 %); default the job model's.")] = None,
+    job_model: Annotated[Path | None, typer.Option(
+        help="A job-model file written by `autoscaler calibrate`; default the demo job's.")] = None,
     workers: Annotated[int, typer.Option(help="Processes, one case (trace, regime, seed) each at a time.")] = 2,
     json_out: Annotated[Path, typer.Option("--json", help="Where the JSON goes: per trace x regime x seed x "
                                            "policy, and the oracle's figures.")] = RESULTS / "evaluate.json",
@@ -79,7 +83,12 @@ def evaluate_command(
         raise typer.BadParameter("at least one seed", param_hint="--seeds")
     settings = EvalSettings(hours=hours, peak=peak, scaling=scaling, max_parallelism=max_parallelism,  # type: ignore[arg-type]
                             backlog_target_s=backlog_target_s, seeds=seeds, first_seed=first_seed,
-                            rate_noise=rate_noise, regimes=regimes)  # type: ignore[arg-type]
+                            rate_noise=rate_noise, regimes=regimes,  # type: ignore[arg-type]
+                            job_model=str(job_model) if job_model else None)
+    try:
+        settings.job()
+    except JobModelError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--job-model") from None
     if live:
         from evaluation.live import run_live_evaluation
 
@@ -102,9 +111,35 @@ def evaluate_command(
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps({
         "settings": {**settings.__dict__, "regimes": list(settings.regimes)}, "policies": policies,
-        "traces": traces, "wall_s": round(elapsed, 2), "workers": workers, "calibration": calibration(),
+        "traces": traces, "wall_s": round(elapsed, 2), "workers": workers, "calibration": calibration(settings),
         "summaries": summaries, "cases": results, "ds2_convergence": ds2_convergence,
     }, indent=1))
     json_out.with_suffix(".md").write_text(markdown(summaries, ds2_convergence))
     console.print(f"{len(policies)} policies x {len(cases)} cases in {elapsed:.1f} s on {workers} workers; wrote "
                   f"{json_out}, {json_out.with_suffix('.md').name} and {len(paths)} plots in {plot_dir}")
+
+
+def calibrate_command(
+    parallelism: Annotated[list[int] | None, typer.Option(
+        "--parallelism", "-p", help="Parallelisms to measure (repeatable); default 1, 2, 3 and 4.")] = None,
+    cost_ms: Annotated[float, typer.Option(help="The demo job's per-record cost.")] = 4.0,
+    option: Annotated[list[str] | None, typer.Option(help="More job options, key=value.")] = None,
+    work_s: Annotated[float, typer.Option(help="Seconds of work per slot in each drained backlog.")] = 40.0,
+    restarts: Annotated[int, typer.Option(help="Rescales measured in each direction.")] = 2,
+    name: Annotated[str, typer.Option(help="The job's name in the model.")] = "demo",
+    out: Annotated[Path, typer.Option(help="The job-model file to write.")] = RESULTS / "job-model.json",
+) -> None:
+    """Measure the demo job on this machine (per-slot rate per parallelism, batch overhead, restart time
+    per direction, rate noise) and write a job-model file for `autoscaler evaluate --job-model`."""
+    from evaluation.calibrate import calibrate
+    from evaluation.job_models import write_job_model
+
+    console = Console()
+    options = {"cost_ms": str(cost_ms), **dict(item.split("=", 1) for item in option or [])}
+    started = time.perf_counter()
+    model, _ = calibrate(parallelism or [1, 2, 3, 4], options, work_s=work_s, nominal_slot_rate=1000.0 / cost_ms,
+                         restart_repeat=restarts, name=name, say=console.print)
+    write_job_model(model, out)
+    console.print_json(model.model_dump_json(exclude={"measured"}))
+    console.print(f"wrote {out} in {time.perf_counter() - started:.0f} s; replay with "
+                  f"`autoscaler evaluate --job-model {out}`")

@@ -75,10 +75,17 @@ class JobModel:
     checkpoint_interval_s: float = 5.0
     downtime_up_s: float = 20.0
     downtime_down_s: float = 20.0
+    # Micro-batches (fused layout): each costs a fixed batch_overhead_s of wall time beyond its work,
+    # and a full batch holds batch_work_s seconds of work per slot, so a saturated job runs at
+    # batch_work_s / (batch_work_s + batch_overhead_s) of its slots' rate.
+    batch_overhead_s: float = 0.0
+    batch_work_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.operators:
             raise ValueError("a job needs at least one operator")
+        if self.batch_overhead_s < 0 or self.batch_work_s <= 0:
+            raise ValueError("batch overhead must be >= 0 and batch work > 0")
 
     def reaching(self) -> list[float]:
         """Records reaching each operator per source record (the product of upstream selectivities)."""
@@ -103,10 +110,15 @@ class JobModel:
             q = self.usable(p)
             skew = max(op.skew for op in self.operators)
             share = 1.0 if q <= 1 else min(1.0, (1.0 + skew) / q)
-            return 1.0 / (self.slot_seconds_per_record(p) * share)
+            return self.batch_efficiency / (self.slot_seconds_per_record(p) * share)
         ps = [parallelism] * len(self.operators) if isinstance(parallelism, int) else list(parallelism)
         return min(op.capacity(self.usable(p)) / r
                    for op, p, r in zip(self.operators, ps, self.reaching(), strict=True))
+
+    @property
+    def batch_efficiency(self) -> float:
+        """The share of a saturated micro-batch's wall time its slots spend on records."""
+        return self.batch_work_s / (self.batch_work_s + self.batch_overhead_s) if self.fused else 1.0
 
     def downtime(self, from_p: int, to_p: int) -> float:
         return self.downtime_up_s if to_p > from_p else self.downtime_down_s
@@ -208,25 +220,3 @@ def report(model: JobModel, state: JobState, job_id: str, end: float, outcome: W
                              splittable=model.splittable),
         operators=operators,
     )
-
-
-# ---------------------------------------------------------------- the demo job, calibrated
-
-# The demo job (`pipeline/demo.py`, cost_ms=4) as measured live with the agents and the load
-# generator on the same 2 cores (`python -m bench.proactive_live`): DS2 true rate 215 rec/s per slot
-# at 1 slot and about 199 at 4 (a knee at 3 slots, each further slot adding 80 %); restarts 15-27 s
-# to scale up (median 22.7 s) and 9-28 s to scale down (median 12.1 s); per-window rates varying
-# by 12-15 % (5 s windows). See docs/results.md, "Calibration".
-DEMO_SLOT_RATE = 215.0
-DEMO_KNEE = 3
-DEMO_EFFICIENCY_BEYOND_KNEE = 0.8
-DEMO_DOWNTIME_UP_S = 22.7
-DEMO_DOWNTIME_DOWN_S = 12.1
-DEMO_RATE_NOISE = 0.1  # sigma of the per-window log-normal factor on the slot rate (10 s windows)
-DEMO_CHECKPOINT_S = 5.0  # the demo job's trigger: offsets are committed every micro-batch
-
-
-def demo_model() -> JobModel:
-    demo = Operator("demo", DEMO_SLOT_RATE, knee=DEMO_KNEE, efficiency_beyond_knee=DEMO_EFFICIENCY_BEYOND_KNEE)
-    return JobModel(operators=(demo,), fused=True, partitions=64, checkpoint_interval_s=DEMO_CHECKPOINT_S,
-                    downtime_up_s=DEMO_DOWNTIME_UP_S, downtime_down_s=DEMO_DOWNTIME_DOWN_S)

@@ -23,7 +23,6 @@ from rich.table import Table
 
 from contracts.messages import EventType
 from evaluation.forecasts import forecast_stream
-from evaluation.jobmodel import demo_model
 from evaluation.simulator import WINDOW_S, PolicyRunner, simulate
 from evaluation.suite import eval_config
 from evaluation.traces import LOW_FRACTION, NATIVE_ROW_SECONDS, TRACE_FILES, TRACES, builtin_series, replay
@@ -72,8 +71,8 @@ def simulated_replay(trace_name: str, policy: str, settings: EvalSettings, minut
                    row_replay_s=replay_s / rows)
     config = eval_config(settings).model_copy(update={"policy": policy})
     forecasts = forecast_stream(trace, config) if policy_class(policy).needs_forecast else None
-    run = simulate(trace, demo_model(), PolicyRunner(make_policy(policy), config), config, 1,
-                   settings.backlog_target_s, forecasts)
+    run = simulate(trace, settings.job().model(), PolicyRunner(make_policy(policy), config), config, 1,
+                   settings.backlog_target_s, forecasts, rate_noise=settings.noise)
     return trace, run.summary()
 
 

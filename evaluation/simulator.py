@@ -28,7 +28,8 @@ from contracts.messages import Action, Analysis
 from contracts.plan_state import PlanState
 from contracts.settings import Settings
 from evaluation.forecasts import ForecastStream
-from evaluation.jobmodel import DEMO_RATE_NOISE, EPOCH, JobModel, JobState, advance, report, rescale
+from evaluation.job_models import demo_job_model
+from evaluation.jobmodel import EPOCH, JobModel, JobState, advance, report, rescale
 from evaluation.traces import Trace
 from knowledge.memory import MemoryKnowledge, run_now
 from monitor.windows import add_report, close_window
@@ -136,9 +137,12 @@ class PolicyRun:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()} | {"actions": self.actions}
 
 
-def rate_factors(windows: int, seed: int, sigma: float = DEMO_RATE_NOISE) -> np.ndarray:
+def rate_factors(windows: int, seed: int, sigma: float | None = None) -> np.ndarray:
     """Per window, the factor every instance's rate is multiplied by (GC pauses, co-located load): log-normal
-    with mean 1 and log-sd `sigma`. The same realisation goes to every policy and to the oracle."""
+    with mean 1 and log-sd `sigma` (default: the demo job model's). The same realisation goes to every
+    policy and to the oracle."""
+    if sigma is None:
+        sigma = demo_job_model().rate_noise
     if sigma <= 0:
         return np.ones(windows)
     return np.random.default_rng(seed).lognormal(-sigma**2 / 2, sigma, windows)
@@ -161,7 +165,7 @@ def simulate(
     backlog_target_s: float,
     forecasts: ForecastStream | None = None,
     seed: int = 0,
-    rate_noise: float = DEMO_RATE_NOISE,
+    rate_noise: float | None = None,
     job_id: str = "eval",
     factors: np.ndarray | None = None,
 ) -> PolicyRun:

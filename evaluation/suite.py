@@ -25,17 +25,8 @@ import numpy as np
 
 from contracts.jobs import JobConfig
 from evaluation.forecasts import FORECAST_STEP_S, forecast_stream, one_blas_thread
-from evaluation.jobmodel import (
-    DEMO_CHECKPOINT_S,
-    DEMO_DOWNTIME_DOWN_S,
-    DEMO_DOWNTIME_UP_S,
-    DEMO_EFFICIENCY_BEYOND_KNEE,
-    DEMO_KNEE,
-    DEMO_RATE_NOISE,
-    DEMO_SLOT_RATE,
-    JobModel,
-    demo_model,
-)
+from evaluation.job_models import JobModelFile, load_job_model
+from evaluation.jobmodel import JobModel
 from evaluation.oracle import oracle_with_restarts, oracle_without_restarts
 from evaluation.simulator import (
     REPORTS_PER_WINDOW,
@@ -64,8 +55,16 @@ class EvalSettings:
     backlog_target_s: float = 60.0
     seeds: int = 5
     first_seed: int = 0
-    rate_noise: float = DEMO_RATE_NOISE
+    rate_noise: float | None = None  # None: the job model's
+    job_model: str | None = None  # a job-model file (`autoscaler calibrate`); None: the demo job's
     regimes: tuple[Regime, ...] = REGIMES
+
+    def job(self) -> JobModelFile:
+        return load_job_model(self.job_model)
+
+    @property
+    def noise(self) -> float:
+        return self.rate_noise if self.rate_noise is not None else self.job().rate_noise
 
 
 def eval_config(settings: EvalSettings) -> JobConfig:
@@ -115,10 +114,10 @@ def evaluate_case(name: str, regime: Regime, seed: int, policies: Sequence[str],
     forecasting = [p for p in policies if policy_class(p).needs_forecast]
     if forecasting:
         one_blas_thread()
-    model = demo_model()
+    model = settings.job().model()
     trace = load_trace(name, settings.hours, settings.peak, WINDOW_S, regime, seed, settings.scaling)
     config = eval_config(settings)
-    factors = rate_factors(len(trace.rates), seed, settings.rate_noise)
+    factors = rate_factors(len(trace.rates), seed, settings.noise)
     static_p = static_parallelism(model, float(trace.rates.max()), settings.max_parallelism)
     start = start_parallelism(model, trace.rates, settings.max_parallelism)
     forecasts = forecast_stream(trace, config) if forecasting else None
@@ -130,7 +129,7 @@ def evaluate_case(name: str, regime: Regime, seed: int, policies: Sequence[str],
         runner = PolicyRunner(policy, config.model_copy(update={"policy": policy_name}))
         first = static_p if policy_name == "static" else start
         runs.append(simulate(trace, model, runner, config, first, settings.backlog_target_s,
-                             forecasts if policy_name in forecasting else None, seed, settings.rate_noise,
+                             forecasts if policy_name in forecasting else None, seed, settings.noise,
                              factors=factors))
     static_cost = static_p * trace.duration_s
     rows = [_renamed(run.summary()) | {"restarts": run.actions, "peak_backlog": round(max(run.timeline.backlog), 1),
@@ -244,10 +243,9 @@ def evaluate_all(traces: Sequence[str], policies: Sequence[str], settings: EvalS
     return [done[case] for case in cases]
 
 
-def calibration() -> dict[str, Any]:
-    """The job model's constants and the replay's granularity, written beside every result."""
-    return {"slot_rate": DEMO_SLOT_RATE, "knee": DEMO_KNEE, "efficiency_beyond_knee": DEMO_EFFICIENCY_BEYOND_KNEE,
-            "downtime_up_s": DEMO_DOWNTIME_UP_S,
-            "downtime_down_s": DEMO_DOWNTIME_DOWN_S, "rate_noise": DEMO_RATE_NOISE,
-            "checkpoint_interval_s": DEMO_CHECKPOINT_S, "window_s": WINDOW_S,
-            "reports_per_window": REPORTS_PER_WINDOW, "forecast_step_s": FORECAST_STEP_S}
+def calibration(settings: EvalSettings) -> dict[str, Any]:
+    """The job model (with how it was measured), the noise used and the replay's granularity, written
+    beside every result."""
+    return {**settings.job().model_dump(mode="json"), "job_model_file": settings.job_model or "built-in demo",
+            "rate_noise_used": settings.noise, "window_s": WINDOW_S, "reports_per_window": REPORTS_PER_WINDOW,
+            "forecast_step_s": FORECAST_STEP_S}

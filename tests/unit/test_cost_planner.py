@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from contracts.jobs import JobConfig, Mode
 from contracts.messages import Action, Analysis, ForecastView
 from contracts.plan_state import PlanState
-from evaluation.jobmodel import demo_model
+from evaluation.job_models import demo_model
 from evaluation.simulator import PolicyRun, PolicyRunner, rate_factors, simulate
 from evaluation.traces import load_trace
 from plan.cost_plan import PlanProblem, describe, solve

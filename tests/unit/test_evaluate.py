@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from evaluation.cli import evaluate_command
-from evaluation.jobmodel import demo_model
+from evaluation.job_models import demo_model
 from evaluation.simulator import (
     REPORTS_PER_WINDOW,
     WINDOW_S,

@@ -1,0 +1,224 @@
+"""`autoscaler calibrate`: measure a Spark job on this machine and write the job-model file the
+evaluation replays (`autoscaler evaluate --job-model FILE`).
+
+It starts its own broker and runs the job in this process, as the runner does (restart backend):
+  per parallelism   a backlog of `work_s` seconds of work per slot, drained by the job: the DS2 true
+                    rate per slot (records per busy second), the records per second it drains
+                    (its maximum sustainable throughput), the fixed time per micro-batch beyond the
+                    slots' work (Analysis.batch_overhead_s's formula), the work per slot in a full
+                    batch, and the report-to-report spread of the per-slot rate (the rate noise);
+  restarts          under a constant load, rescales up and down between the two smallest
+                    parallelisms: the restart backend's downtime of each direction.
+The per-slot rates are fitted to the model's knee curve (`evaluation.job_models.fit_scaling`); the
+rest are medians. The file says what was measured, when and how.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from contracts.messages import MetricReport
+from contracts.settings import Settings, Topics
+from evaluation.job_models import JobModelFile, fit_scaling
+from infra.kafka import ensure_topic
+from pipeline.loadgen import Constant, generate_load
+from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
+from stack.processes import start_broker
+
+INPUT = "calibrate.input"
+OUTPUT = "calibrate.output"
+METRICS = "calibrate.metrics"
+FAST_PRODUCE_RATE = 50_000.0
+REPORT_S = 5.0  # the reporter's interval; the evaluation's windows are twice as long
+
+
+class Metrics:
+    """The job's metric reports, read from the metrics topic."""
+
+    def __init__(self, bootstrap: str, topic: str = METRICS):
+        ensure_topic(bootstrap, topic, 1)
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "calibrate", "fetch.wait.max.ms": 100})
+        self.consumer.assign([TopicPartition(topic, 0, 0)])
+        self.reports: list[MetricReport] = []
+
+    def poll(self, seconds: float) -> list[MetricReport]:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for msg in self.consumer.consume(100, 0.2):
+                if msg.error() is None:
+                    self.reports.append(MetricReport.model_validate_json(msg.value()))
+        return self.reports
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def job_config(bootstrap: str, options: dict[str, str], directory: Path, entry_point: str = "pipeline.demo:build",
+               **extra: Any) -> SparkJobConfig:
+    """The job as the runner would run it, reporting to this run's metrics topic."""
+    settings = Settings(kafka_bootstrap=bootstrap, topic_partitions=1, topics=Topics(metrics=METRICS))
+    return SparkJobConfig(job_id="calibrate", entry_point=entry_point, checkpoint_dir=directory, bootstrap=bootstrap,
+                          options={"input_topic": INPUT, "output_topic": OUTPUT, **options},
+                          report_interval_s=REPORT_S, settings=settings, **extra)
+
+
+@dataclass(frozen=True)
+class Drain:
+    """What draining a backlog at one parallelism showed (the reports between the first and the last)."""
+
+    parallelism: int
+    reports: int
+    records: int
+    seconds: float
+    slot_rate: float  # records per busy second per slot (DS2)
+    throughput: float  # records per second drained
+    batch_overhead_s: float | None
+    batch_work_s: float | None  # busy seconds per slot in one batch
+    rate_cv: float | None  # report-to-report coefficient of variation of the per-slot rate
+
+    @classmethod
+    def of(cls, parallelism: int, reports: list[MetricReport]) -> Drain:
+        busy = sum(r.busy_time_s for r in reports)
+        records = sum(r.records_in for r in reports)
+        seconds = sum(r.interval_s for r in reports)
+        batched = [r for r in reports if r.batches]
+        batches = sum(r.batches or 0 for r in batched)
+        batch_time = sum(r.batch_time_s or 0.0 for r in batched)
+        batch_busy = sum(r.busy_time_s for r in batched)
+        rates = [r.records_in / r.busy_time_s for r in reports if r.busy_time_s > 0 and r.records_in > 0]
+        return cls(
+            parallelism=parallelism, reports=len(reports), records=records, seconds=round(seconds, 2),
+            slot_rate=records / busy if busy else 0.0, throughput=records / seconds if seconds else 0.0,
+            batch_overhead_s=max(0.0, (batch_time - batch_busy / parallelism) / batches) if batches else None,
+            batch_work_s=batch_busy / (parallelism * batches) if batches else None,
+            rate_cv=statistics.stdev(rates) / statistics.mean(rates) if len(rates) >= 3 else None,
+        )
+
+
+@dataclass
+class Calibration:
+    drains: list[Drain] = field(default_factory=list)
+    downtimes_up: list[float] = field(default_factory=list)
+    downtimes_down: list[float] = field(default_factory=list)
+
+
+def drain(bootstrap: str, parallelism: int, options: dict[str, str], records: int, topic_partitions: int,
+          timeout_s: float = 600.0) -> Drain:
+    """Preload `records` and let the job at `parallelism` drain them."""
+    ensure_topic(bootstrap, INPUT, topic_partitions)
+    generate_load(bootstrap, INPUT, Constant(FAST_PRODUCE_RATE), duration_s=records / FAST_PRODUCE_RATE,
+                  partitions=topic_partitions)
+    metrics = Metrics(bootstrap)
+    with tempfile.TemporaryDirectory() as tmp:
+        job = RestartFromCheckpoint(job_config(bootstrap, options, Path(tmp), trigger_interval_s=None))
+        job.start(parallelism)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                last = metrics.poll(1.0)[-1:] or [None]
+                if last[0] is not None and last[0].source is not None and last[0].source.backlog == 0:
+                    break
+        finally:
+            job.stop()
+            metrics.close()
+    # The first report holds the start-up, the last one the backlog's tail.
+    return Drain.of(parallelism, metrics.reports[1:-1])
+
+
+def restarts(bootstrap: str, low: int, high: int, options: dict[str, str], rate: float, repeat: int,
+             topic_partitions: int, warmup_s: float = 20.0) -> tuple[list[float], list[float]]:
+    """Downtimes of `repeat` rescales low -> high and as many back, under a constant load."""
+    ensure_topic(bootstrap, INPUT, topic_partitions)
+    stop = threading.Event()
+    load = threading.Thread(target=generate_load, args=(bootstrap, INPUT, Constant(rate)),
+                            kwargs={"duration_s": 7200, "stop_event": stop, "partitions": topic_partitions},
+                            daemon=True)
+    up: list[float] = []
+    down: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        job = RestartFromCheckpoint(job_config(bootstrap, options, Path(tmp)))
+        job.start(low)
+        load.start()
+        try:
+            for _ in range(repeat):
+                for target, into in ((high, up), (low, down)):
+                    time.sleep(warmup_s)
+                    outcome = job.apply(target)
+                    if not outcome.ok or outcome.downtime_s is None:
+                        raise RuntimeError(f"the rescale to {target} failed: {outcome.errors}")
+                    into.append(outcome.downtime_s)
+        finally:
+            stop.set()
+            load.join(30)
+            job.stop()
+    return up, down
+
+
+def calibrate(parallelisms: list[int], options: dict[str, str], *, work_s: float = 40.0, nominal_slot_rate: float,
+              restart_repeat: int = 2, topic_partitions: int = 4, name: str = "demo",
+              say: Callable[[str], None] = print) -> tuple[JobModelFile, Calibration]:
+    """Measure the job and return its model file (see the module docstring). `nominal_slot_rate`
+    sizes the backlogs and the restart load; it is not written into the model."""
+    if not parallelisms or min(parallelisms) < 1:
+        raise ValueError("give at least one parallelism >= 1")
+    parallelisms = sorted(set(parallelisms))
+    result = Calibration()
+    broker = start_broker()
+    bootstrap = f"{broker.host}:{broker.port}"
+    try:
+        for p in parallelisms:
+            d = drain(bootstrap, p, options, math.ceil(work_s * p * nominal_slot_rate), topic_partitions)
+            result.drains.append(d)
+            say(f"parallelism {p}: {d.slot_rate:.0f} rec/s per busy slot-second, drained {d.throughput:.0f} rec/s, "
+                f"batch overhead {d.batch_overhead_s if d.batch_overhead_s is not None else float('nan'):.2f} s")
+        low = parallelisms[0]
+        high = parallelisms[1] if len(parallelisms) > 1 else low + 1
+        load = 0.5 * low * nominal_slot_rate
+        result.downtimes_up, result.downtimes_down = restarts(bootstrap, low, high, options, load, restart_repeat,
+                                                              topic_partitions)
+        say(f"restarts {low} -> {high}: {result.downtimes_up} s; back: {result.downtimes_down} s")
+    finally:
+        broker.stop()
+    return model_file(result, name, options, work_s), result
+
+
+def model_file(result: Calibration, name: str, options: dict[str, str], work_s: float) -> JobModelFile:
+    """The job model the measurements give; pure."""
+    usable = [d for d in result.drains if d.slot_rate > 0]
+    if not usable:
+        raise RuntimeError("no drain measured a per-slot rate")
+    slot_rate, knee, efficiency = fit_scaling({d.parallelism: d.slot_rate for d in usable})
+    overheads = [d.batch_overhead_s for d in usable if d.batch_overhead_s is not None]
+    works = [d.batch_work_s for d in usable if d.batch_work_s]
+    cvs = [d.rate_cv for d in usable if d.rate_cv is not None]
+    # Reports are REPORT_S long; the evaluation's windows hold two: independent noise halves its variance.
+    noise = statistics.median(cvs) / math.sqrt(2) if cvs else 0.0
+    return JobModelFile(
+        name=name, slot_rate=round(slot_rate, 2), knee=knee, efficiency_beyond_knee=efficiency,
+        batch_overhead_s=round(statistics.median(overheads), 3) if overheads else 0.0,
+        batch_work_s=round(statistics.median(works), 3) if works else 5.0,
+        downtime_up_s=round(statistics.median(result.downtimes_up), 2),
+        downtime_down_s=round(statistics.median(result.downtimes_down), 2),
+        rate_noise=round(noise, 4),
+        measured={
+            "how": "autoscaler calibrate: backlogs drained at each parallelism, then restarts under load, "
+                   "on this machine with its own broker",
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "job_options": options, "work_s_per_slot": work_s,
+            "drains": [d.__dict__ for d in result.drains],
+            "downtimes_up_s": [round(x, 2) for x in result.downtimes_up],
+            "downtimes_down_s": [round(x, 2) for x in result.downtimes_down],
+            "rate_noise": "median report-to-report CV of the per-slot rate (5-s reports) / sqrt(2), for 10-s windows",
+        },
+    )

@@ -1,0 +1,100 @@
+"""Job-model files: the demo job's, fitting a measured scaling curve, bad files, the batch overhead."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from evaluation.job_models import JobModelError, JobModelFile, demo_job_model, fit_scaling, load_job_model
+from evaluation.jobmodel import JobModel, JobState, Operator, advance
+
+
+def test_the_demo_job_model_is_read_from_its_file_with_how_it_was_measured() -> None:
+    demo = demo_job_model()
+    model = demo.model()
+    assert model.capacity(3) == pytest.approx(3 * demo.slot_rate)
+    assert model.capacity(4) == pytest.approx(demo.slot_rate * (3 + demo.efficiency_beyond_knee))
+    assert (model.downtime_up_s, model.downtime_down_s) == (demo.downtime_up_s, demo.downtime_down_s)
+    assert demo.measured["date"] and demo.measured["how"]
+
+
+@given(rate=st.floats(50, 2000), knee=st.integers(1, 6), efficiency=st.sampled_from([0.0, 0.25, 0.5, 0.8]))
+def test_the_fit_recovers_a_knee_curve_from_its_per_slot_rates(rate: float, knee: int, efficiency: float) -> None:
+    op = Operator("x", rate, knee=knee, efficiency_beyond_knee=efficiency)
+    measured = {p: op.instance_rate(p) for p in range(1, 9)}
+    slot_rate, fitted_knee, fitted_efficiency = fit_scaling(measured)
+    fitted = Operator("x", slot_rate, knee=fitted_knee, efficiency_beyond_knee=fitted_efficiency)
+    for p in range(1, 9):
+        assert fitted.capacity(p) == pytest.approx(op.capacity(p), rel=1e-6)
+
+
+def test_linear_rates_fit_without_a_knee() -> None:
+    assert fit_scaling({1: 200.0, 2: 200.0, 4: 200.0}) == (pytest.approx(200.0), None, 1.0)
+    with pytest.raises(JobModelError, match="no per-slot rate"):
+        fit_scaling({})
+
+
+def test_a_file_that_is_not_a_job_model_gets_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(JobModelError, match="cannot read"):
+        load_job_model(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**demo_job_model().model_dump(mode="json"), "slot_rate": -1}))
+    with pytest.raises(JobModelError, match="slot_rate"):
+        load_job_model(bad)
+    bad.write_text("not json")
+    with pytest.raises(JobModelError, match="is not a job model"):
+        load_job_model(bad)
+
+
+def test_a_written_model_reads_back(tmp_path: Path) -> None:
+    from evaluation.job_models import write_job_model
+
+    model = JobModelFile(name="j", slot_rate=100.0, downtime_up_s=10.0, downtime_down_s=5.0, rate_noise=0.05,
+                         batch_overhead_s=0.5, measured={"how": "test"})
+    assert load_job_model(write_job_model(model, tmp_path / "m.json")) == model
+
+
+def test_the_batch_overhead_takes_its_share_of_a_saturated_job_but_not_of_its_busy_time() -> None:
+    plain = JobModel(operators=(Operator("x", 100.0),))
+    batched = JobModel(operators=(Operator("x", 100.0),), batch_overhead_s=1.0, batch_work_s=4.0)
+    assert batched.capacity(2) == pytest.approx(plain.capacity(2) * 4 / 5)
+    state = JobState(parallelism=[2], backlog=10_000.0)
+    outcome = advance(batched, state, 0.0, 10.0, 0.0)
+    assert outcome.processed == pytest.approx(1600.0)  # 2 slots x 100/s x 4/5 x 10 s
+    assert outcome.busy_slot_s == pytest.approx(16.0)  # DS2's busy time counts the records' work only
+    with pytest.raises(ValueError, match="batch"):
+        JobModel(operators=(Operator("x", 1.0),), batch_overhead_s=-1.0)
+
+
+def test_a_calibration_becomes_a_model_whose_rates_overhead_and_restarts_are_the_measured_ones() -> None:
+    from contracts.messages import MetricReport
+    from evaluation.calibrate import Calibration, Drain, model_file
+
+    def drained(p: int, per_slot: float, overhead: float, batches: int = 2) -> Drain:
+        # Reports of 5 s: full batches of 2 s of work per slot plus the overhead, back to back.
+        reports = []
+        for i, wobble in enumerate((0.95, 1.0, 1.05, 1.0)):
+            records = round(per_slot * wobble * p * 2.0 * batches)
+            busy = records / (per_slot * wobble)
+            reports.append(MetricReport(job_id="j", timestamp=100.0 + 5 * i, interval_s=5.0, parallelism=p,
+                                        records_in=records, records_out=records, busy_time_s=busy,
+                                        batches=batches, batch_time_s=batches * overhead + busy / p))
+        return Drain.of(p, reports)
+
+    drains = [drained(1, 200.0, 0.5), drained(2, 200.0, 0.5), drained(4, 150.0, 0.5)]
+    assert drains[0].batch_overhead_s == pytest.approx(0.5)
+    assert drains[0].batch_work_s == pytest.approx(2.0)
+    assert drains[0].slot_rate == pytest.approx(200.0, rel=0.01)
+    model = model_file(Calibration(drains, [20.0, 30.0, 25.0], [10.0, 12.0]), "j", {"cost_ms": "5"}, 40.0)
+    assert model.slot_rate == pytest.approx(200.0, rel=0.01)
+    assert model.knee is not None and model.knee >= 2  # per-slot rate falls beyond 2 slots
+    assert (model.downtime_up_s, model.downtime_down_s) == (25.0, 11.0)
+    assert model.batch_overhead_s == pytest.approx(0.5) and model.batch_work_s == pytest.approx(2.0)
+    assert 0 < model.rate_noise < 0.1
+    assert model.measured["drains"][2]["parallelism"] == 4
+    simulated = model.model()
+    assert simulated.capacity(1) == pytest.approx(200.0 * 2.0 / 2.5, rel=0.01)  # the overhead's share is gone
