@@ -291,12 +291,12 @@ def demo(
     cost_ms: Annotated[float, typer.Option(help="Per-record cost of the demo job (waiting, not computing).")] = 4.0,
     partitions: Annotated[int, typer.Option(help="Partitions of the demo input topic.")] = 4,
     max_parallelism: Annotated[int, typer.Option(help="Upper bound of the demo job's parallelism.")] = 8,
-    fresh: Annotated[bool, typer.Option(help="Start from an empty checkpoint.")] = True,
 ) -> None:
-    """Run the demo Spark job under changing load on the embedded stack, autoscaled live."""
+    """Run the demo Spark job under changing load on the embedded stack, autoscaled live; end with a
+    summary table and a PNG of the run."""
     from agent.demo import run_demo
 
-    run_demo(get_settings(), shape, cost_ms, partitions, max_parallelism, fresh, console)
+    run_demo(get_settings(), shape, cost_ms, partitions, max_parallelism, console)
 
 
 # ---------------------------------------------------------------- embedded stack

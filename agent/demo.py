@@ -1,67 +1,81 @@
-"""`autoscaler demo`: the demo Spark job under changing load, autoscaled live on the embedded stack."""
+"""`autoscaler demo`: the demo Spark job under changing load, autoscaled live on the embedded stack.
+
+Low load, a step up, a drop: the agents scale the job up and back down while the demo prints each
+window, decision and rescale. At the end it drains the backlog, reads the job's output and prints a
+summary (actions, slot-seconds against provisioning for the peak throughout, peak backlog, records in
+and out, exactly once) and writes a PNG of load, capacity, parallelism and backlog over time.
+Each run has topics of its own and a job the autoscaler learns anew.
+"""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
+from pathlib import Path
+from typing import Any
 
 from confluent_kafka import KafkaError
 from rich.console import Console
+from rich.table import Table
 
 from agent.watch import consumer, describe_decision, describe_event
-from contracts.messages import Analysis, ScalingDecision, ScalingEvent
+from contracts.messages import Analysis, EventType, ScalingDecision, ScalingEvent
 from contracts.settings import Settings
-from infra.kafka import ensure_topics
+from evaluation.live import live_measures
+from evaluation.report import plot_live
+from infra.kafka import TopicReader, ensure_topics
 from stack.embedded import Stack, state_dir
+from stack.live import LiveRun
 from stack.processes import stop_pid
 from stack.services import register_jobs, start_job_runner, start_load
 
 JOB = "demo"
+SCALE_DOWN_DELAY_S = 60  # the demo compresses time: its low phase is shorter than the default 300 s
+DRAIN_S = 90.0  # after the load ends, at most this long for the backlog to empty
 
 
-def run_demo(
-    settings: Settings, shape: str, cost_ms: float, partitions: int, max_parallelism: int, fresh: bool,
-    console: Console,
-) -> None:
+def run_demo(settings: Settings, shape: str, cost_ms: float, partitions: int, max_parallelism: int,
+             console: Console) -> dict[str, Any]:
     stack = Stack(settings)
     started_stack = not all(stack.status().values())
     stack.up(console=console)
-    ensure_topics(settings, extra=["demo.input", "demo.output"])
-    # The demo compresses time: its low phase is shorter than the default 300 s scale-down delay.
-    register_jobs(settings, [JOB], max_parallelism=str(max_parallelism), mode="auto", scale_down_delay_s="60")
+    run_id = time.strftime("%Y%m%d-%H%M%S")
+    input_topic, output_topic = f"demo.{run_id}.input", f"demo.{run_id}.output"
+    ensure_topics(settings, extra=[input_topic, output_topic])
+    register_jobs(settings, [JOB], forget=True, max_parallelism=str(max_parallelism), mode="auto",
+                  scale_down_delay_s=str(SCALE_DOWN_DELAY_S))
     job_dir = state_dir() / "demo"
-    if fresh and job_dir.exists():
-        shutil.rmtree(job_dir)
+    shutil.rmtree(job_dir, ignore_errors=True)
     logs = state_dir() / "logs"
-    runner = start_job_runner(settings, JOB, job_dir, logs / "runner.log", max_parallelism=max_parallelism,
-                              options={"cost_ms": str(cost_ms)})
-    load = start_load(settings, "demo.input", logs / "load.log", ["--shape", shape], partitions=partitions)
-    console.print(f"demo job started (runner pid {runner.pid}); load: {shape}; logs in {logs}")
-    console.print("decisions, rescales and one status line per window follow; Ctrl-C stops the demo\n")
     follow = consumer(settings, [settings.topics.decisions, settings.topics.scaling_events, settings.topics.analyses])
+    runner = start_job_runner(settings, JOB, job_dir, logs / "runner.log", max_parallelism=max_parallelism,
+                              options={"cost_ms": str(cost_ms), "input_topic": input_topic,
+                                       "output_topic": output_topic})
+    load = start_load(settings, input_topic, logs / "load.log", ["--shape", shape], partitions=partitions)
+    run = LiveRun(started=time.time())
+    console.print(f"demo job started (runner pid {runner.pid}); load: {shape}; topics {input_topic} -> "
+                  f"{output_topic}; logs in {logs}")
+    console.print("decisions, rescales and one status line per window follow; Ctrl-C stops the demo\n")
+    summary: dict[str, Any] = {}
     try:
-        while load.poll() is None:
+        drain_until: float | None = None
+        while drain_until is None or time.time() < drain_until:
             if runner.poll() is not None:
                 console.print(f"[red]the job runner exited ({runner.returncode}); see {logs / 'runner.log'}[/red]")
                 break
-            msg = follow.poll(0.5)
-            if msg is None or (msg.error() and msg.error().code() != KafkaError._PARTITION_EOF):
-                continue
-            if msg.topic() == settings.topics.analyses:
-                a = Analysis.model_validate_json(msg.value())
-                if a.job_id == JOB:
-                    console.print(
-                        f"{time.strftime('%H:%M:%S')} parallelism {a.parallelism}, arrival "
-                        f"{a.arrival_rate or 0:.0f} rec/s, processed {a.observed_processing_rate:.0f} rec/s, "
-                        f"backlog {a.backlog or 0}, utilization {a.utilization:.0%}, "
-                        f"true rate {a.true_processing_rate:.0f} rec/s per slot", style="dim")
-            elif msg.topic() == settings.topics.decisions:
-                d = ScalingDecision.model_validate_json(msg.value())
-                if d.job_id == JOB and d.action.value != "none":
-                    console.print(describe_decision(d))
-            else:
-                console.print(describe_event(ScalingEvent.model_validate_json(msg.value())))
-        console.print("load finished")
+            if drain_until is None and load.poll() is not None:
+                console.print("load finished; draining the backlog")
+                drain_until = time.time() + DRAIN_S
+            last = _follow(follow, run, console)
+            if drain_until is not None and last is not None and not last.backlog:
+                break
+        produced = _produced(logs / "load.log")
+        ids = _output_ids(settings.kafka_bootstrap, output_topic, produced) if produced is not None else []
+        summary = demo_summary(run, produced, ids, SCALE_DOWN_DELAY_S)
+        _print_summary(console, summary)
+        png = _plot(run, logs.parent / f"demo-{run_id}.png")
+        console.print(f"timeline: {png}")
     except KeyboardInterrupt:
         console.print("stopping")
     finally:
@@ -70,3 +84,114 @@ def run_demo(
             stop_pid(process.pid, timeout=60, process=process)
         if started_stack:
             stack.down(console=console)
+    return summary
+
+
+def _follow(follow: Any, run: LiveRun, console: Console) -> Analysis | None:
+    """Print and keep what the agents publish about the demo job; the analysis, if one arrived."""
+    msg = follow.poll(0.5)
+    if msg is None or (msg.error() and msg.error().code() != KafkaError._PARTITION_EOF) or msg.value() is None:
+        return None
+    if msg.topic().endswith("analyses"):
+        a = Analysis.model_validate_json(msg.value())
+        if a.job_id != JOB:
+            return None
+        run.analyses.append(a)
+        overhead = f", batch overhead {a.batch_overhead_s:.2f} s" if a.batch_overhead_s is not None else ""
+        console.print(
+            f"{time.strftime('%H:%M:%S')} parallelism {a.parallelism}, arrival {a.arrival_rate or 0:.0f} rec/s, "
+            f"processed {a.observed_processing_rate:.0f} rec/s, backlog {a.backlog or 0}, utilization "
+            f"{a.utilization:.0%}, true rate {a.true_processing_rate:.0f} rec/s per slot{overhead}", style="dim")
+        return a
+    if msg.topic().endswith("decisions"):
+        d = ScalingDecision.model_validate_json(msg.value())
+        if d.job_id == JOB:
+            run.decisions.append(d)
+            if d.action.value != "none":
+                console.print(describe_decision(d))
+        return None
+    e = ScalingEvent.model_validate_json(msg.value())
+    if e.job_id == JOB:
+        run.events.append(e)
+        console.print(describe_event(e))
+    return None
+
+
+def _produced(load_log: Path) -> int | None:
+    lines = load_log.read_text().strip().splitlines() if load_log.exists() else []
+    try:
+        return int(json.loads(lines[-1])["produced"]) if lines else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _output_ids(bootstrap: str, topic: str, produced: int, timeout_s: float = 60.0) -> list[int]:
+    """Every input id the job wrote (duplicates kept), reading until all `produced` appeared or time is up."""
+    reader = TopicReader(bootstrap, topic)
+    try:
+        deadline = time.monotonic() + timeout_s
+        ids: list[int] = []
+        while time.monotonic() < deadline:
+            ids = [i for v in reader.poll(1.0) for i in json.loads(v)["ids"]]
+            if len(set(ids)) >= produced:
+                reader.poll(2.0)  # a duplicate would come late: give it the chance
+                return [i for v in reader.values for i in json.loads(v)["ids"]]
+        return ids
+    finally:
+        reader.close()
+
+
+def demo_summary(run: LiveRun, produced: int | None, ids: list[int], scale_down_delay_s: float) -> dict[str, Any]:
+    """What the run shows, from what the agents published and the job wrote; pure."""
+    completed = run.of(EventType.COMPLETED)
+    measures = live_measures(run, backlog_target_s=60.0) if run.analyses else {}
+    top = max([1, *(e.to_parallelism for e in completed)])
+    span = float(measures.get("span_s", 0.0))
+    distinct = len(set(ids))
+    return {
+        "scale_ups": sum(e.to_parallelism > e.from_parallelism for e in completed),
+        "scale_downs": sum(e.to_parallelism < e.from_parallelism for e in completed),
+        "failed": len(run.of(EventType.FAILED)),
+        "path": " -> ".join(str(p) for p in [completed[0].from_parallelism if completed else 1,
+                                            *(e.to_parallelism for e in completed)]),
+        "downtimes_s": [round(e.downtime_s or 0.0, 1) for e in completed],
+        "slot_seconds": round(float(measures.get("slot_seconds", 0.0))),
+        "peak_slot_seconds": round(top * span),
+        "peak_parallelism": top,
+        "span_s": round(span),
+        "peak_backlog": max((a.backlog or 0 for a in run.analyses), default=0),
+        "beyond_target_s": measures.get("beyond_target_s"),
+        "records_in": produced,
+        "records_out": distinct,
+        "duplicates": len(ids) - distinct,
+        "missing": None if produced is None else max(0, produced - len(set(ids) & set(range(produced)))),
+        "scale_down_delay_s": scale_down_delay_s,
+    }
+
+
+def _print_summary(console: Console, s: dict[str, Any]) -> None:
+    table = Table(title="what the autoscaler did", title_justify="left", show_header=False)
+    saved = 1 - s["slot_seconds"] / s["peak_slot_seconds"] if s["peak_slot_seconds"] else 0.0
+    exactly_once = s["records_in"] is not None and s["missing"] == 0 and s["duplicates"] == 0
+    rows = [
+        ("actions", f"{s['scale_ups']} up, {s['scale_downs']} down, {s['failed']} failed: parallelism {s['path']} "
+                    f"(restarts {', '.join(f'{d:g} s' for d in s['downtimes_s']) or 'none'})"),
+        ("slot-seconds", f"{s['slot_seconds']:,} over {s['span_s']} s; {s['peak_slot_seconds']:,} at "
+                         f"{s['peak_parallelism']} slots throughout ({saved:.0%} saved)"),
+        ("peak backlog", f"{s['peak_backlog']:,} records; {s['beyond_target_s'] or 0:.0f} s of windows beyond the "
+                         "60-s target"),
+        ("records", f"{s['records_in'] if s['records_in'] is not None else '?'} in, {s['records_out']} out"),
+        ("exactly once", "yes" if exactly_once else f"no: {s['missing']} missing, {s['duplicates']} duplicated"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+
+
+def _plot(run: LiveRun, path: Path) -> Path:
+    windows = sorted((a for a in run.analyses if a.arrival_rate is not None), key=lambda a: a.window_end)
+    t = [a.window_end - run.started for a in windows]
+    capacity = [a.parallelism * a.true_processing_rate if a.valid else float("nan") for a in windows]
+    return plot_live(t, [a.arrival_rate for a in windows], capacity, [a.backlog or 0 for a in windows],
+                     [a.parallelism for a in windows],
+                     "demo job: arrival, capacity (parallelism x DS2 true rate), backlog and parallelism", path)

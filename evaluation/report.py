@@ -70,6 +70,40 @@ def markdown(summaries: list[dict[str, Any]], convergence: list[dict[str, Any]])
     return "\n".join(lines) + "\n"
 
 
+def draw_timeline(ax: Any, t: Any, arrival: Any, capacity: Any, backlog: Any, parallelism: Any) -> Any:
+    """Arrival rate, capacity and backlog / 60 on `ax`, the parallelism on a right axis (returned)."""
+    ax.plot(t, arrival, color="black", lw=0.8, label="arrival rate")
+    ax.plot(t, capacity, color="tab:blue", lw=0.8, label="capacity")
+    ax.fill_between(t, 0, np.asarray(backlog, dtype=float) / 60, color="tab:red", alpha=0.3,
+                    label="backlog / 60 (records)")
+    ax.set_ylabel("records/s")
+    right = ax.twinx()
+    right.step(t, parallelism, where="post", color="tab:orange", lw=1.0, label="parallelism")
+    right.set_ylabel("slots")
+    right.set_ylim(bottom=0)
+    return right
+
+
+def plot_live(t: Any, arrival: Any, capacity: Any, backlog: Any, parallelism: Any, title: str, path: Path) -> Path:
+    """One live run's timeline (seconds since its start) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    right = draw_timeline(ax, t, arrival, capacity, backlog, parallelism)
+    ax.set_xlabel("seconds since the load started")
+    handles = [*ax.get_legend_handles_labels()[0], *right.get_legend_handles_labels()[0]]
+    ax.legend(handles=handles, loc="upper left", fontsize=7, ncol=4)
+    ax.set_title(title, loc="left", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
 def plot(result: dict[str, Any], out_dir: Path) -> Path:
     import matplotlib
 
@@ -80,17 +114,10 @@ def plot(result: dict[str, Any], out_dir: Path) -> Path:
     fig, axes = plt.subplots(len(timelines), 1, figsize=(11, 2.2 * len(timelines)), sharex=True, squeeze=False)
     oracle = result["timelines"]["oracle"]
     for ax, (name, tl) in zip(axes[:, 0], timelines.items(), strict=True):
-        hours = np.asarray(tl["t"]) / 3600
-        ax.plot(hours, tl["arrival"], color="black", lw=0.8, label="arrival rate")
-        ax.plot(hours, tl["capacity"], color="tab:blue", lw=0.8, label="capacity")
-        ax.fill_between(hours, 0, np.asarray(tl["backlog"]) / 60, color="tab:red", alpha=0.3,
-                        label="backlog / 60 (records)")
-        ax.set_ylabel("records/s")
-        right = ax.twinx()
-        right.step(hours, tl["parallelism"], where="post", color="tab:orange", lw=1.0, label="parallelism")
+        right = draw_timeline(ax, np.asarray(tl["t"]) / 3600, tl["arrival"], tl["capacity"], tl["backlog"],
+                              tl["parallelism"])
         right.step(np.asarray(oracle["t"]) / 3600, oracle["parallelism"], where="post", color="tab:green", lw=0.6,
                    alpha=0.7, label="oracle parallelism")
-        right.set_ylabel("slots")
         ax.set_title(name, loc="left", fontsize=9)
     handles = [*axes[0, 0].get_legend_handles_labels()[0], *axes[0, 0].figure.axes[-1].get_legend_handles_labels()[0]]
     axes[0, 0].legend(handles=handles, loc="upper right", fontsize=7, ncol=5)

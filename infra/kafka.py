@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
@@ -194,6 +195,43 @@ class LogEndProbe:
         finally:
             # Unassigned, the consumer stops long-polling, which would delay its other requests.
             self.consumer.unassign()
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class TopicReader:
+    """Reads every partition of a topic from the start, without a consumer group (fast to set up)."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int = 1):
+        ensure_topic(bootstrap, topic, partitions)
+        self.consumer = Consumer({
+            "bootstrap.servers": bootstrap,
+            "group.id": "topic-reader",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 100,
+        })
+        parts = topic_partitions(self.consumer, topic)
+        self.consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        self.values: list[bytes] = []
+
+    def poll(self, seconds: float) -> list[bytes]:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for msg in self.consumer.consume(500, 0.1):
+                if msg.error() is None:
+                    self.values.append(msg.value())
+        return self.values
+
+    def until(self, enough: Callable[[list[Any]], bool], parse: Callable[[bytes], Any], timeout: float) -> list[Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            parsed = [parse(v) for v in self.values]
+            if enough(parsed):
+                return parsed
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout:.0f} s with {len(parsed)} records: {parsed[-3:]}")
+            self.poll(0.3)
 
     def close(self) -> None:
         self.consumer.close()

@@ -23,14 +23,16 @@ from stack.processes import free_port, spawn, stop_pid, wait_for_port
 AGENT_START_TIMEOUT_S = 60.0
 
 
-def register_jobs(settings: Settings, jobs: list[str], **overrides: str) -> None:
+def register_jobs(settings: Settings, jobs: list[str], forget: bool = False, **overrides: str) -> None:
     """Register `jobs` with the same overrides in the settings' knowledge base (reports of an
-    unregistered job are dead-lettered)."""
+    unregistered job are dead-lettered); with `forget`, everything known about them goes first."""
 
     async def register() -> None:
         knowledge = RedisKnowledge(settings)
         try:
             for job in jobs:
+                if forget:
+                    await knowledge.unregister_job(job)
                 await knowledge.register_job(job, overrides)
         finally:
             await knowledge.close()

@@ -15,10 +15,10 @@ import pytest
 
 from contracts.messages import Analysis, EventType, ScalingDecision, ScalingEvent
 from contracts.settings import Settings
+from infra.kafka import TopicReader
 from stack.processes import stop_pid
 from stack.services import start_agents, start_job_runner, start_load
 from tests.integration.kafka_helpers import Collector
-from tests.integration.spark_helpers import TopicReader
 from tests.integration.test_agents import register
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

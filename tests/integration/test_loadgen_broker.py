@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from infra.kafka import LogEndProbe
+from infra.kafka import LogEndProbe, TopicReader
 from pipeline.loadgen import Steps, expected_total, generate_load
 from stack.processes import Service
-from tests.integration.spark_helpers import TopicReader, bootstrap_of, broker
+from tests.integration.spark_helpers import bootstrap_of, broker
 
 pytestmark = pytest.mark.integration
 __all__ = ["broker"]  # the module-scoped fixture

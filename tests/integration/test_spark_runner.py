@@ -12,13 +12,13 @@ from confluent_kafka import Producer
 from contracts.messages import MetricReport, RescaleCommand, RunnerReport, RunnerStatus
 from contracts.settings import Settings, Topics
 from execute.runner import Runner, RunnerConfig, RunnerState
-from infra.kafka import ensure_topic
+from infra.kafka import TopicReader, ensure_topic
 from pipeline import demo
 from pipeline.job import BuildFunction
 from pipeline.loadgen import Constant, generate_load
 from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
 from stack.processes import Service
-from tests.integration.spark_helpers import TopicReader, bootstrap_of, broker
+from tests.integration.spark_helpers import bootstrap_of, broker
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 __all__ = ["broker"]  # the module-scoped fixture

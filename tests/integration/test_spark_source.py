@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from contracts.messages import MetricReport
+from infra.kafka import TopicReader
 from pipeline.kafka_source import clear_pause, read_kafka_stream, stop_between_batches
 from pipeline.loadgen import Constant, generate_load
 from pipeline.reporter import attach_reporter
 from pipeline.session import build_session
 from stack.processes import Service
-from tests.integration.spark_helpers import TopicReader, bootstrap_of, broker, produce_demo_records
+from tests.integration.spark_helpers import bootstrap_of, broker, produce_demo_records
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 __all__ = ["broker"]  # the module-scoped fixture

@@ -62,3 +62,27 @@ def test_load_entry_point() -> None:
         load_entry_point("pipeline.demo")
     with pytest.raises(AttributeError):
         load_entry_point("pipeline.demo:nothing")
+
+
+def test_the_demo_summary_counts_actions_slot_seconds_and_exactly_once() -> None:
+    from agent.demo import demo_summary
+    from contracts.messages import Analysis, EventType, ScalingEvent
+    from stack.live import LiveRun
+
+    run = LiveRun(started=1000.0)
+    for i in range(1, 31):  # 300 s of 10-s windows: 1 slot, 4 from 100 s, 1 from 200 s
+        p = 4 if 100 < i * 10 <= 200 else 1
+        run.analyses.append(Analysis(job_id="demo", window_end=1000.0 + 10 * i, parallelism=p, valid=True,
+                                     true_processing_rate=200.0, true_output_rate=200.0,
+                                     observed_processing_rate=100.0, utilization=0.5, arrival_rate=100.0,
+                                     backlog=5000 if i == 10 else 0, closed_at=0.0))
+    for at, frm, to in ((1100.0, 1, 4), (1200.0, 4, 1)):
+        run.events.append(ScalingEvent(decision_id="d", job_id="demo", type=EventType.COMPLETED, timestamp=at,
+                                       from_parallelism=frm, to_parallelism=to, downtime_s=0.0))
+    summary = demo_summary(run, 5, [0, 1, 2, 3, 4], 60)
+    assert (summary["scale_ups"], summary["scale_downs"], summary["path"]) == (1, 1, "1 -> 4 -> 1")
+    assert summary["span_s"] == 300 and summary["slot_seconds"] == 200 * 1 + 100 * 4
+    assert summary["peak_slot_seconds"] == 4 * 300 and summary["peak_backlog"] == 5000
+    assert (summary["records_in"], summary["records_out"], summary["missing"], summary["duplicates"]) == (5, 5, 0, 0)
+    lossy = demo_summary(run, 5, [0, 1, 1, 3], 60)
+    assert (lossy["missing"], lossy["duplicates"]) == (2, 1)
