@@ -43,6 +43,13 @@ def batch_overhead(window: MetricWindow) -> float | None:
     return max(0.0, (window.batch_time_s - window.busy_time_s / window.parallelism) / window.batches)
 
 
+def batch_work(window: MetricWindow) -> float | None:
+    """Busy seconds per slot in one micro-batch (None where `batch_overhead` is)."""
+    if batch_overhead(window) is None or not window.batches:
+        return None
+    return window.busy_time_s / (window.parallelism * window.batches)
+
+
 def invalid_reason(window: MetricWindow) -> str | None:
     if window.parallelism_changed:
         return "parallelism changed within the window (a rescale); its rates mix two configurations"
@@ -65,6 +72,7 @@ def analyze_window(window: MetricWindow, fallback: dict[str, Any] | None = None)
         "observed_processing_rate": rate(window.records_in, window.observed_s),
         "utilization": window.busy_time_s / (window.observed_s * window.parallelism),
         "batch_overhead_s": batch_overhead(window),
+        "batch_work_s": batch_work(window),
         "arrival_rate": source.arrival_rate if source else None,
         "backlog": source.backlog if source else None,
         "backlog_growth_rate": source.backlog_growth_rate if source else None,

@@ -247,6 +247,9 @@ class Analysis(Contract):
         "time / parallelism) / batches. A fixed cost per batch (planning, offsets, the driver's share); None "
         "when the window has no micro-batch metrics."
     )
+    batch_work_s: NonNegativeFloat | None = Field(
+        None, description="Busy seconds per slot per micro-batch: busy time / (parallelism x batches)."
+    )
     arrival_rate: NonNegativeFloat | None = None
     backlog: NonNegativeInt | None = None
     backlog_growth_rate: float | None = None

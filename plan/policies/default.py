@@ -9,7 +9,9 @@ plans with, each an estimate on the safe side:
   while the forecast's predicted changes have come true (`plan.forecast_skill`);
 - capacity: the DS2 true rate measured at each parallelism the job ran at (records per busy second
   per slot, averaged; `known`), extrapolated to the others along a power law fitted through them
-  (exponent at most 1: slots never add more than linearly), less its measured noise;
+  (exponent at most 1: slots never add more than linearly), less its measured noise; for a micro-batch
+  job, times the share of a full batch its slots spend on records (`BatchCost`: a fixed cost per
+  batch plus the work per slot, measured online);
 - actions: the measured restart time of each direction (the plan state's downtimes), the replay
   since the last checkpoint (half a checkpoint interval of arrivals), and a penalty per action.
 
@@ -52,6 +54,9 @@ FIT_MIN_WINDOWS = 3  # a parallelism's capacity shapes the curve once measured o
 EXTRAPOLATION_ERROR = 0.05  # relative error of a capacity extrapolated by a factor of 2 in parallelism
 FORECAST_MAX_OFFSET = 0.25  # a forecast whose first value is this far from the measured level is not used
 NOISE_PRIOR = 0.1  # the per-window CV of the per-slot rate assumed until three windows were measured
+# A backlog of more than this many seconds of arrivals keeps micro-batches at the source's cap (a full
+# batch holds a few seconds of work per slot).
+SATURATED_BACKLOG_S = 10.0
 
 
 class Measured(BaseModel):
@@ -98,6 +103,38 @@ class SlotStats(BaseModel):
         return math.sqrt(self.m2 / (self.n - 1)) / self.mean
 
 
+class BatchCost(BaseModel):
+    """Micro-batches (Spark): the fixed wall time each costs beyond its work (`Analysis.batch_overhead_s`)
+    and the work a full batch holds per slot, measured while the backlog kept batches full. Running
+    means, then exponentially weighted (1 / KNOWN_WINDOWS), as `Measured`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    overhead_s: float
+    full_work_s: float | None = None
+    n: int = 1
+    full_n: int = 0
+
+    def add(self, overhead_s: float, work_s: float | None, full: bool) -> BatchCost:
+        n = self.n + 1
+        weight = max(1 / n, 1 / KNOWN_WINDOWS)
+        update: dict[str, Any] = {"overhead_s": (1 - weight) * self.overhead_s + weight * overhead_s, "n": n}
+        if full and work_s is not None:
+            full_n = self.full_n + 1
+            w = max(1 / full_n, 1 / KNOWN_WINDOWS)
+            update |= {"full_n": full_n,
+                       "full_work_s": work_s if self.full_work_s is None else (1 - w) * self.full_work_s + w * work_s}
+        return self.model_copy(update=update)
+
+    @property
+    def efficiency(self) -> float:
+        """The share of a saturated job's time its slots work on records: full work / (full work +
+        overhead). 1 until a full batch was measured: below saturation the overhead costs latency only."""
+        if self.full_work_s is None or self.full_work_s <= 0:
+            return 1.0
+        return self.full_work_s / (self.full_work_s + self.overhead_s)
+
+
 class PlannerMemory(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -107,6 +144,7 @@ class PlannerMemory(BaseModel):
     noise_cv: float | None = None  # the latest per-window CV of the per-slot rate
     skill: ForecastSkill = Field(default_factory=ForecastSkill)
     recommended: int | None = None  # the first step of the last plan
+    batch: BatchCost | None = None
 
 
 def capacities(known: dict[str, Measured], max_parallelism: int, noise_cv: float, z: float) -> np.ndarray:
@@ -227,7 +265,16 @@ class CostPlanner:
         known = dict(memory.known)
         previous = known.get(str(p))
         known[str(p)] = Measured(capacity=p * rate) if previous is None else previous.add(p * rate)
-        return memory.model_copy(update={"slot": slot, "known": known,
+        batch = memory.batch
+        if analysis.batch_overhead_s is not None:
+            # Batches are full while the backlog holds more than a full batch's records.
+            full = (analysis.backlog or 0) > SATURATED_BACKLOG_S * (analysis.arrival_rate or 0.0) > 0
+            work = analysis.batch_work_s if full else None
+            if batch is None:
+                batch = BatchCost(overhead_s=analysis.batch_overhead_s, full_work_s=work, full_n=int(work is not None))
+            else:
+                batch = batch.add(analysis.batch_overhead_s, work, full)
+        return memory.model_copy(update={"slot": slot, "known": known, "batch": batch,
                                          "noise_cv": slot.cv if slot.cv is not None else memory.noise_cv})
 
     def problem(self, memory: PlannerMemory, analysis: Analysis, config: JobConfig, state: PlanState,
@@ -242,6 +289,8 @@ class CostPlanner:
                               memory.skill.trusted(), memory.skill.band())
         noise = memory.noise_cv if memory.noise_cv is not None else NOISE_PRIOR
         capacity = capacities(memory.known, config.max_parallelism, noise, self.capacity_z if quantiles else 0.0)
+        if memory.batch is not None:
+            capacity = capacity * memory.batch.efficiency
         up, down = downtimes_expected(state.downtimes, config)
         replay = (analysis.arrival_rate or 0.0) * config.checkpoint_interval_s / 2
         return PlanProblem(

@@ -87,6 +87,7 @@ def test_batch_overhead_recovers_the_fixed_cost_of_batches_whose_time_is_overhea
     a = analyze_window(window(records_in=records, busy_time_s=busy, parallelism=parallelism,
                               batches=len(sizes), batch_time_s=batch_time))
     assert a.batch_overhead_s == pytest.approx(overhead, abs=1e-6)
+    assert a.batch_work_s == pytest.approx(records / per_slot / parallelism / len(sizes))
 
 
 def test_batch_overhead_is_unknown_without_batch_metrics_or_across_a_rescale() -> None:

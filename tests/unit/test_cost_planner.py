@@ -332,3 +332,29 @@ def test_in_recommend_mode_noise_does_not_flip_the_recommendation() -> None:
         if plan.action is not Action.NONE:
             wanted.append(plan.to_parallelism)
     assert len(wanted) >= 170 and set(wanted[5:]) == {6}, wanted
+
+
+def test_a_micro_batch_jobs_fixed_cost_per_batch_takes_its_share_of_the_planned_capacity() -> None:
+    """Full batches of 4 s of work per slot and 1 s of overhead each: a saturated job does 80 % of what
+    its DS2 rate says. The planner learns both from the windows and plans with 80 %."""
+    planner, config = CostPlanner(), JobConfig(max_parallelism=8)
+    plain, batched = PlanState(), PlanState()
+    for i in range(8):
+        saturated = window(10.0 * i, 2, 300.0, backlog=30_000)
+        plain, _ = planner.decide(plain, saturated, config)
+        batched, _ = planner.decide(batched, saturated.model_copy(update={"batch_overhead_s": 1.0,
+                                                                          "batch_work_s": 4.0}), config)
+    now = window(80.0, 2, 300.0)
+    memory = PlannerMemory.model_validate(batched.policy_state)
+    assert memory.batch is not None and memory.batch.efficiency == pytest.approx(0.8)
+    with_batches = planner.problem(memory, now, config, batched)
+    without = planner.problem(PlannerMemory.model_validate(plain.policy_state), now, config, plain)
+    assert with_batches is not None and without is not None
+    assert with_batches.capacity[1:] == pytest.approx(0.8 * without.capacity[1:])
+    # Below saturation a batch's work says nothing about a full one: the overhead alone costs latency.
+    light = PlanState()
+    for i in range(8):
+        light, _ = planner.decide(light, window(10.0 * i, 2, 300.0).model_copy(
+            update={"batch_overhead_s": 1.0, "batch_work_s": 0.3}), config)
+    light_memory = PlannerMemory.model_validate(light.policy_state)
+    assert light_memory.batch is not None and light_memory.batch.efficiency == 1.0
