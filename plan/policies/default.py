@@ -16,8 +16,10 @@ plans with, each an estimate on the safe side:
   since the last checkpoint (half a checkpoint interval of arrivals), and a penalty per action.
 
 After a rescale it measures the new parallelism for FIT_MIN_WINDOWS windows before it plans again,
-unless the backlog heads beyond its target. The job's own limits hold as for every policy: excluded
-periods, the step factors and partition alignment; each rescale carries its predicted recovery time.
+unless the backlog heads beyond its target. A scale-down within the job's `scale_down_delay_s` of a
+scale-up waits unless the arrival level has shifted since (the load dropped): one action per load
+change. The job's own limits hold as for every policy: excluded periods, the step factors and
+partition alignment; each rescale carries its predicted recovery time.
 
 Pure: everything it learns lives in the plan state's `policy_state`. A job planned per operator
 (`per_operator`, a Flink-like layout with one parallelism per operator) is sized by DS2 inside its
@@ -34,7 +36,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.jobs import JobConfig
-from contracts.messages import Analysis, DecisionReason, ForecastView
+from contracts.messages import Action, Analysis, DecisionReason, ForecastView
 from contracts.periods import excluded_at, parse_periods
 from contracts.plan_state import PlanState
 from plan.controls import bounded_step, heading_beyond_target
@@ -145,6 +147,7 @@ class PlannerMemory(BaseModel):
     skill: ForecastSkill = Field(default_factory=ForecastSkill)
     recommended: int | None = None  # the first step of the last plan
     batch: BatchCost | None = None
+    last_up_at: float | None = None  # metric time of the last scale-up decided
 
 
 def capacities(known: dict[str, Measured], max_parallelism: int, noise_cv: float, z: float) -> np.ndarray:
@@ -251,8 +254,13 @@ class CostPlanner:
                                f"window {measured} of {FIT_MIN_WINDOWS} measured at parallelism {analysis.parallelism} "
                                "before the next plan (sooner if the backlog heads beyond its target)", rule=self.name)
         plan, changes = self._plan(memory, analysis, config, state)
+        remembered: dict[str, Any] = {}
         if plan.recommended is not None and plan.recommended != memory.recommended:
-            memory = memory.model_copy(update={"recommended": plan.recommended})
+            remembered["recommended"] = plan.recommended
+        if plan.action is Action.SCALE_UP:
+            remembered["last_up_at"] = now
+        if remembered:
+            memory = memory.model_copy(update=remembered)
             changes["policy_state"] = memory.model_dump(mode="json")
         return state.updated(changes), plan
 
@@ -327,6 +335,17 @@ class CostPlanner:
             message += f"; expects {chosen.violation_s:.0f} s of arrivals beyond the backlog target at best"
         if target == current:
             return hold(current, "planned_hold", message, rule=self.name, **numbers), {}
+        if target < current and memory.last_up_at is not None:
+            # A scale-down soon after a scale-up waits for the load to drop (a level shift) or for the
+            # job's scale-down delay: the planner corrects its own safe-side estimate at most once per
+            # delay, not right after measuring the new parallelism (one action per load change).
+            since = analysis.window_end - memory.last_up_at
+            shifted = memory.level.shifted_at is not None and memory.level.shifted_at > memory.last_up_at
+            if since < config.scale_down_delay_s and not shifted:
+                return replace(hold(current, "scale_down_delayed", f"{message}; scaled up {since:.0f} s ago: a "
+                                    "scale-down waits for the load to drop or "
+                                    f"{config.scale_down_delay_s - since:.0f} s more", rule=self.name, **numbers),
+                               recommended=target), {}
         # The job's own limits hold for every policy: excluded periods, step factors, partition alignment.
         period = excluded_at(analysis.window_end, parse_periods(config.excluded_periods))
         if period is not None:

@@ -358,3 +358,29 @@ def test_a_micro_batch_jobs_fixed_cost_per_batch_takes_its_share_of_the_planned_
             update={"batch_overhead_s": 1.0, "batch_work_s": 0.3}), config)
     light_memory = PlannerMemory.model_validate(light.policy_state)
     assert light_memory.batch is not None and light_memory.batch.efficiency == 1.0
+
+
+def test_a_scale_up_is_not_reversed_until_the_load_drops_or_the_delay_passes() -> None:
+    planner, config = CostPlanner(), JobConfig(max_parallelism=12, scale_down_delay_s=300.0)
+    state, t = PlanState(), 0.0
+    for _ in range(8):
+        state, plan = planner.decide(state, window(t, 2, 300.0), config)
+        t += 10.0
+    state, plan = planner.decide(state, window(t, 2, 1000.0, backlog=20_000), config)
+    assert plan.action is Action.SCALE_UP
+    up, t_up = plan.to_parallelism, t
+    # At the new parallelism each slot turns out faster than planned: fewer slots would do.
+    codes = []
+    for _ in range(8):
+        t += 10.0
+        state, plan = planner.decide(state, window(t, up, 1000.0, per_slot=400.0), config)
+        codes.append(plan.reason.code)
+        assert plan.action is not Action.SCALE_DOWN, codes
+    assert "scale_down_delayed" in codes and "scaled up" in plan.reason.message
+    # The load drops: a level shift, and the scale-down goes ahead at once.
+    for _ in range(12):
+        t += 10.0
+        state, plan = planner.decide(state, window(t, up, 200.0, per_slot=400.0), config)
+        if plan.action is Action.SCALE_DOWN:
+            break
+    assert plan.action is Action.SCALE_DOWN and t - t_up < 300.0  # before the delay had passed
