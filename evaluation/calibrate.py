@@ -26,12 +26,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
-
 from contracts.messages import MetricReport
 from contracts.settings import Settings, Topics
 from evaluation.job_models import JobModelFile, fit_scaling
-from infra.kafka import ensure_topic
+from infra.kafka import TopicReader, ensure_topic
 from pipeline.loadgen import Constant, generate_load
 from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
 from stack.processes import start_broker
@@ -47,21 +45,18 @@ class Metrics:
     """The job's metric reports, read from the metrics topic."""
 
     def __init__(self, bootstrap: str, topic: str = METRICS):
-        ensure_topic(bootstrap, topic, 1)
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "calibrate", "fetch.wait.max.ms": 100})
-        self.consumer.assign([TopicPartition(topic, 0, 0)])
-        self.reports: list[MetricReport] = []
+        self.reader = TopicReader(bootstrap, topic)
+
+    @property
+    def reports(self) -> list[MetricReport]:
+        return [MetricReport.model_validate_json(v) for v in self.reader.values]
 
     def poll(self, seconds: float) -> list[MetricReport]:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            for msg in self.consumer.consume(100, 0.2):
-                if msg.error() is None:
-                    self.reports.append(MetricReport.model_validate_json(msg.value()))
+        self.reader.poll(seconds)
         return self.reports
 
     def close(self) -> None:
-        self.consumer.close()
+        self.reader.close()
 
 
 def job_config(bootstrap: str, options: dict[str, str], directory: Path, entry_point: str = "pipeline.demo:build",
