@@ -384,3 +384,21 @@ def test_a_scale_up_is_not_reversed_until_the_load_drops_or_the_delay_passes() -
         if plan.action is Action.SCALE_DOWN:
             break
     assert plan.action is Action.SCALE_DOWN and t - t_up < 300.0  # before the delay had passed
+
+
+def test_a_drop_is_measured_for_two_windows_before_the_one_scale_down() -> None:
+    planner, config = CostPlanner(), JobConfig(max_parallelism=12)
+    state, t = PlanState(), 0.0
+    for _ in range(10):
+        state, plan = planner.decide(state, window(t, 6, 1000.0), config)
+        t += 10.0
+    # The first window straddles the drop (half of it at the old rate), then the new level.
+    state, plan = planner.decide(state, window(t, 6, 600.0), config)
+    assert plan.action is Action.NONE and plan.reason.code == "measuring_level"
+    downs = []
+    for _ in range(3):
+        t += 10.0
+        state, plan = planner.decide(state, window(t, 6, 200.0), config)
+        if plan.action is Action.SCALE_DOWN:
+            downs.append(plan.to_parallelism)
+    assert downs and downs[0] <= 2  # straight to the new level's size, not to the straddling window's
