@@ -17,8 +17,9 @@ plans with, each an estimate on the safe side:
 
 After a rescale it measures the new parallelism for FIT_MIN_WINDOWS windows before it plans again,
 unless the backlog heads beyond its target. A scale-down within the job's `scale_down_delay_s` of a
-scale-up waits unless the arrival level has shifted since (the load dropped), and any scale-down
-waits for LEVEL_WINDOWS_TO_SCALE_DOWN windows of the current level: one action per load change.
+scale-up waits unless the arrival level has shifted since (the load dropped), and a rescale waits
+for LEVEL_WINDOWS windows of the current level (a scale-up only while the backlog is not heading
+beyond its target): one action per load change.
 The job's own limits hold as for every policy: excluded periods, the step factors and partition
 alignment; each rescale carries its predicted recovery time.
 
@@ -60,7 +61,7 @@ NOISE_PRIOR = 0.1  # the per-window CV of the per-slot rate assumed until three 
 # A backlog of more than this many seconds of arrivals keeps micro-batches at the source's cap (a full
 # batch holds a few seconds of work per slot).
 SATURATED_BACKLOG_S = 10.0
-LEVEL_WINDOWS_TO_SCALE_DOWN = 2  # windows of a new arrival level measured before a scale-down
+LEVEL_WINDOWS = 2  # windows of a new arrival level measured before a rescale (unless the backlog presses)
 
 
 class Measured(BaseModel):
@@ -337,12 +338,13 @@ class CostPlanner:
             message += f"; expects {chosen.violation_s:.0f} s of arrivals beyond the backlog target at best"
         if target == current:
             return hold(current, "planned_hold", message, rule=self.name, **numbers), {}
-        if target < current and len(memory.level.points) < LEVEL_WINDOWS_TO_SCALE_DOWN:
-            # A scale-down is never urgent: it waits until the new level is measured over more than the
-            # one window that may straddle the change (half the old rate, half the new).
+        if len(memory.level.points) < LEVEL_WINDOWS and (
+                target < current or not heading_beyond_target(analysis, config)):
+            # The first window of a new level may straddle the change (half the old rate, half the new):
+            # a rescale waits for LEVEL_WINDOWS windows of it, a scale-up only while the backlog can wait.
             return replace(hold(current, "measuring_level", f"{message}; the arrival level changed "
-                                f"{len(memory.level.points)} window ago: a scale-down waits for "
-                                f"{LEVEL_WINDOWS_TO_SCALE_DOWN} windows of it", rule=self.name, **numbers),
+                                f"{len(memory.level.points)} window ago: a rescale waits for "
+                                f"{LEVEL_WINDOWS} windows of it", rule=self.name, **numbers),
                            recommended=target), {}
         if target < current and memory.last_up_at is not None:
             # A scale-down soon after a scale-up waits for the load to drop (a level shift) or for the

@@ -254,6 +254,9 @@ def test_the_decision_shows_the_schedule_its_cost_and_the_next_best() -> None:
         state, plan = planner.decide(state, window(10.0 * i, 2, 300.0), config)
     assert plan.action is Action.NONE and plan.reason.code == "planned_hold"
     state, plan = planner.decide(state, window(80.0, 2, 700.0, backlog=20_000), config)
+    assert plan.action is Action.NONE and plan.reason.code == "measuring_level"  # one window of the step
+    assert "plan " in plan.reason.message and plan.recommended is not None and plan.recommended > 2
+    state, plan = planner.decide(state, window(90.0, 2, 700.0, backlog=27_000), config)
     assert plan.action is Action.SCALE_UP and plan.reason.code == "cost_plan"
     assert plan.reason.message.startswith(f"plan {plan.to_parallelism} now")
     assert "over 30 min costs" in plan.reason.message and "next best" in plan.reason.message
@@ -306,12 +309,13 @@ def test_the_jobs_limits_hold_and_a_rescale_carries_its_predicted_recovery() -> 
         planner, state = CostPlanner(), PlanState()
         for i in range(8):
             state, _ = planner.decide(state, window(10.0 * i, 2, 300.0), config)
-        return planner.decide(state, window(80.0, 2, 1500.0, backlog=20_000), config)
+        state, _ = planner.decide(state, window(80.0, 2, 1500.0, backlog=8_000), config)  # the new level's first
+        return planner.decide(state, window(90.0, 2, 1500.0, backlog=20_000), config)
 
     state, plan = scale_up(JobConfig(max_parallelism=12))
     assert plan.action is Action.SCALE_UP and plan.to_parallelism >= 8
     assert plan.reason.numbers["predicted_recovery_s"] is not None
-    assert state.pending_recovery is not None and state.rescale_decided_at == 80.0
+    assert state.pending_recovery is not None and state.rescale_decided_at == 90.0
     _, plan = scale_up(JobConfig(max_parallelism=12, max_scale_up_factor=1.0))
     assert plan.to_parallelism == 4 and "max_scale_up_factor" in plan.reason.message
     _, plan = scale_up(JobConfig(max_parallelism=12, excluded_periods="00:00-24:00"))
@@ -366,6 +370,9 @@ def test_a_scale_up_is_not_reversed_until_the_load_drops_or_the_delay_passes() -
     for _ in range(8):
         state, plan = planner.decide(state, window(t, 2, 300.0), config)
         t += 10.0
+    state, plan = planner.decide(state, window(t, 2, 1000.0, backlog=10_000), config)
+    assert plan.reason.code == "measuring_level"
+    t += 10.0
     state, plan = planner.decide(state, window(t, 2, 1000.0, backlog=20_000), config)
     assert plan.action is Action.SCALE_UP
     up, t_up = plan.to_parallelism, t
