@@ -180,8 +180,10 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
                          f"{s['peak_parallelism']} slots throughout ({saved:.0%} saved)"),
         ("peak backlog", f"{s['peak_backlog']:,} records; {s['beyond_target_s'] or 0:.0f} s of windows beyond the "
                          "60-s target"),
-        ("records", f"{s['records_in'] if s['records_in'] is not None else '?'} in, {s['records_out']} out"),
-        ("exactly once", "yes" if exactly_once else f"no: {s['missing']} missing, {s['duplicates']} duplicated"),
+        ("records", f"{'?' if s['records_in'] is None else format(s['records_in'], ',')} in, "
+                    f"{s['records_out']:,} out"),
+        ("exactly once", "unknown: the load generator's count is missing" if s["records_in"] is None
+         else "yes" if exactly_once else f"no: {s['missing']} missing, {s['duplicates']} duplicated"),
     ]
     for name, value in rows:
         table.add_row(name, value)
