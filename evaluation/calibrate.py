@@ -1,7 +1,8 @@
 """`autoscaler calibrate`: measure a Spark job on this machine and write the job-model file the
 evaluation replays (`autoscaler evaluate --job-model FILE`).
 
-It starts its own broker and runs the job in this process, as the runner does (restart backend):
+It starts a broker of its own for each measurement and runs the job in this process, as the runner
+does (restart backend):
   per parallelism   a backlog of `work_s` seconds of work per slot, drained by the job: the DS2 true
                     rate per slot (records per busy second), the records per second it drains
                     (its maximum sustainable throughput), the fixed time per micro-batch beyond the
@@ -20,7 +21,8 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -81,6 +83,7 @@ class Drain:
     batch_overhead_s: float | None
     batch_work_s: float | None  # busy seconds per slot in one batch
     rate_cv: float | None  # report-to-report coefficient of variation of the per-slot rate
+    rates: tuple[float, ...] = ()  # the per-slot rate of each report
 
     @classmethod
     def of(cls, parallelism: int, reports: list[MetricReport]) -> Drain:
@@ -98,6 +101,7 @@ class Drain:
             batch_overhead_s=max(0.0, (batch_time - batch_busy / parallelism) / batches) if batches else None,
             batch_work_s=batch_busy / (parallelism * batches) if batches else None,
             rate_cv=statistics.stdev(rates) / statistics.mean(rates) if len(rates) >= 3 else None,
+            rates=tuple(round(r, 2) for r in rates),
         )
 
 
@@ -108,9 +112,19 @@ class Calibration:
     downtimes_down: list[float] = field(default_factory=list)
 
 
+@contextmanager
+def own_broker() -> Iterator[str]:
+    """A broker of its own for one measurement (its topics start empty), stopped afterwards."""
+    broker = start_broker()
+    try:
+        yield f"{broker.host}:{broker.port}"
+    finally:
+        broker.stop()
+
+
 def drain(bootstrap: str, parallelism: int, options: dict[str, str], records: int, topic_partitions: int,
           timeout_s: float = 600.0) -> Drain:
-    """Preload `records` and let the job at `parallelism` drain them."""
+    """Preload `records` and let the job at `parallelism` drain them (on a broker whose topics are empty)."""
     ensure_topic(bootstrap, INPUT, topic_partitions)
     generate_load(bootstrap, INPUT, Constant(FAST_PRODUCE_RATE), duration_s=records / FAST_PRODUCE_RATE,
                   partitions=topic_partitions)
@@ -169,22 +183,20 @@ def calibrate(parallelisms: list[int], options: dict[str, str], *, work_s: float
         raise ValueError("give at least one parallelism >= 1")
     parallelisms = sorted(set(parallelisms))
     result = Calibration()
-    broker = start_broker()
-    bootstrap = f"{broker.host}:{broker.port}"
-    try:
-        for p in parallelisms:
+    for p in parallelisms:
+        with own_broker() as bootstrap:
             d = drain(bootstrap, p, options, math.ceil(work_s * p * nominal_slot_rate), topic_partitions)
-            result.drains.append(d)
-            say(f"parallelism {p}: {d.slot_rate:.0f} rec/s per busy slot-second, drained {d.throughput:.0f} rec/s, "
-                f"batch overhead {d.batch_overhead_s if d.batch_overhead_s is not None else float('nan'):.2f} s")
-        low = parallelisms[0]
-        high = parallelisms[1] if len(parallelisms) > 1 else low + 1
-        load = 0.5 * low * nominal_slot_rate
-        result.downtimes_up, result.downtimes_down = restarts(bootstrap, low, high, options, load, restart_repeat,
+        result.drains.append(d)
+        say(f"parallelism {p}: {d.slot_rate:.0f} rec/s per busy slot-second, drained {d.throughput:.0f} rec/s, "
+            f"batch overhead {d.batch_overhead_s if d.batch_overhead_s is not None else float('nan'):.2f} s")
+    low = parallelisms[0]
+    high = parallelisms[1] if len(parallelisms) > 1 else low + 1
+    with own_broker() as bootstrap:
+        result.downtimes_up, result.downtimes_down = restarts(bootstrap, low, high, options,
+                                                              0.5 * low * nominal_slot_rate, restart_repeat,
                                                               topic_partitions)
-        say(f"restarts {low} -> {high}: {result.downtimes_up} s; back: {result.downtimes_down} s")
-    finally:
-        broker.stop()
+    say(f"restarts {low} -> {high}: {[round(x, 1) for x in result.downtimes_up]} s; back: "
+        f"{[round(x, 1) for x in result.downtimes_down]} s")
     return model_file(result, name, options, work_s), result
 
 
@@ -196,9 +208,12 @@ def model_file(result: Calibration, name: str, options: dict[str, str], work_s: 
     slot_rate, knee, efficiency = fit_scaling({d.parallelism: d.slot_rate for d in usable})
     overheads = [d.batch_overhead_s for d in usable if d.batch_overhead_s is not None]
     works = [d.batch_work_s for d in usable if d.batch_work_s]
-    cvs = [d.rate_cv for d in usable if d.rate_cv is not None]
-    # Reports are REPORT_S long; the evaluation's windows hold two: independent noise halves its variance.
-    noise = statistics.median(cvs) / math.sqrt(2) if cvs else 0.0
+    # Each report's per-slot rate relative to its drain's mean, pooled over the drains. Reports are
+    # REPORT_S long and the evaluation's windows hold two: independent noise halves its variance.
+    relative = [r / statistics.mean(d.rates) for d in usable if len(d.rates) >= 2 for r in d.rates]
+    if len(relative) < 3:
+        raise RuntimeError(f"only {len(relative)} reports to measure the rate noise from: drain more work (--work-s)")
+    noise = statistics.stdev(relative) / math.sqrt(2)
     return JobModelFile(
         name=name, slot_rate=round(slot_rate, 2), knee=knee, efficiency_beyond_knee=efficiency,
         batch_overhead_s=round(statistics.median(overheads), 3) if overheads else 0.0,
@@ -214,6 +229,7 @@ def model_file(result: Calibration, name: str, options: dict[str, str], work_s: 
             "drains": [d.__dict__ for d in result.drains],
             "downtimes_up_s": [round(x, 2) for x in result.downtimes_up],
             "downtimes_down_s": [round(x, 2) for x in result.downtimes_down],
-            "rate_noise": "median report-to-report CV of the per-slot rate (5-s reports) / sqrt(2), for 10-s windows",
+            "rate_noise": "report-to-report CV of the per-slot rate (5-s reports, each relative to its drain's mean, "
+                          "pooled) / sqrt(2), for 10-s windows",
         },
     )

@@ -98,3 +98,12 @@ def test_a_calibration_becomes_a_model_whose_rates_overhead_and_restarts_are_the
     assert model.measured["drains"][2]["parallelism"] == 4
     simulated = model.model()
     assert simulated.capacity(1) == pytest.approx(200.0 * 2.0 / 2.5, rel=0.01)  # the overhead's share is gone
+
+
+def test_a_calibration_with_too_few_reports_for_the_noise_says_so() -> None:
+    from evaluation.calibrate import Calibration, Drain, model_file
+
+    drain = Drain(parallelism=1, reports=1, records=100, seconds=5.0, slot_rate=200.0, throughput=20.0,
+                  batch_overhead_s=0.5, batch_work_s=2.0, rate_cv=None, rates=(200.0,))
+    with pytest.raises(RuntimeError, match="rate noise"):
+        model_file(Calibration([drain], [10.0], [5.0]), "j", {}, 40.0)
