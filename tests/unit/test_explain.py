@@ -61,7 +61,8 @@ def test_the_table_can_show_only_actions_and_suppressions() -> None:
 def test_a_planner_decision_shows_its_schedule_its_cost_and_the_next_best() -> None:
     planner, config, state = CostPlanner(), JobConfig(max_parallelism=8), PlanState()
     records = []
-    for i, (arrival, backlog) in enumerate([(300.0, 0)] * 8 + [(700.0, 20_000)]):
+    # The step's second window: the planner waits for two windows of a new level before it rescales.
+    for i, (arrival, backlog) in enumerate([(300.0, 0)] * 8 + [(700.0, 13_000), (700.0, 20_000)]):
         analysis = Analysis(job_id="j", window_end=10.0 * i, parallelism=2, valid=True, true_processing_rate=200.0,
                             true_output_rate=200.0, observed_processing_rate=min(arrival, 400.0),
                             utilization=min(1.0, arrival / 400.0), arrival_rate=arrival, backlog=backlog,
