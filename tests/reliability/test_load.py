@@ -25,7 +25,7 @@ def test_a_thousand_jobs_reporting_every_second_are_kept_up_with_in_bounded_memo
     # Kept up: never more than 5 s of reports waiting, and nothing left soon after the load stops.
     assert result.max_lag <= 5 * 1000, [s.lag for s in result.samples]
     # The backlog drains once the load stops. How fast is a speed goal, measured by `python -m bench.load`
-    # (docs/reliability.md), not asserted here: on this machine it took 10-15 s, then 41 s on 2026-11-25.
+    # (docs/reliability.md), not asserted here: it kept within 15 s before; 41 s on 2026-11-25 (cause open).
     assert result.drain_s is not None and result.drain_s <= 120
     # Nothing lost: one decision for every window the reports closed.
     assert result.decisions == result.windows_expected
