@@ -117,7 +117,8 @@ def evaluate_case(name: str, regime: Regime, seed: int, policies: Sequence[str],
     model = settings.job().model()
     trace = load_trace(name, settings.hours, settings.peak, WINDOW_S, regime, seed, settings.scaling)
     config = eval_config(settings)
-    factors = rate_factors(len(trace.rates), seed, settings.noise)
+    noise = settings.noise  # read from the job-model file once per case
+    factors = rate_factors(len(trace.rates), seed, noise)
     static_p = static_parallelism(model, float(trace.rates.max()), settings.max_parallelism)
     start = start_parallelism(model, trace.rates, settings.max_parallelism)
     forecasts = forecast_stream(trace, config) if forecasting else None
@@ -129,7 +130,7 @@ def evaluate_case(name: str, regime: Regime, seed: int, policies: Sequence[str],
         runner = PolicyRunner(policy, config.model_copy(update={"policy": policy_name}))
         first = static_p if policy_name == "static" else start
         runs.append(simulate(trace, model, runner, config, first, settings.backlog_target_s,
-                             forecasts if policy_name in forecasting else None, seed, settings.noise,
+                             forecasts if policy_name in forecasting else None, seed, noise,
                              factors=factors))
     static_cost = static_p * trace.duration_s
     rows = [_renamed(run.summary()) | {"restarts": run.actions, "peak_backlog": round(max(run.timeline.backlog), 1),
