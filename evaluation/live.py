@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from evaluation.traces import Trace
 
 COMPARED = ("slot_seconds", "beyond_target_s", "lag_p95_s", "actions")
+# Per window in the JSON: enough to follow the job's per-slot rate and batch cost over a long run.
+WINDOW_FIELDS = {"window_end", "parallelism", "valid", "arrival_rate", "backlog", "observed_processing_rate",
+                 "true_processing_rate", "utilization", "batch_overhead_s", "batch_work_s"}
 
 
 def live_measures(run: LiveRun, backlog_target_s: float, initial_parallelism: int = 1) -> dict[str, Any]:
@@ -120,6 +123,7 @@ def run_live_evaluation(console: Console, trace_name: str, policy: str, settings
     out = {"trace": trace_name, "description": trace.description, "policy": policy, "minutes": minutes,
            "trace_hours": trace_hours, "peak": peak, "wall_s": round(time.time() - started, 1), "live": live,
            "simulated": simulated, "relative_difference": differences,
+           "windows": [a.model_dump(mode="json", include=WINDOW_FIELDS) for a in run.analyses],
            "timeline": run.timeline()}
     path = json_out.with_name(json_out.stem + f"-live-{trace_name}.json")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -25,15 +25,17 @@ def test_a_thousand_jobs_reporting_every_second_are_kept_up_with_in_bounded_memo
     # Kept up: never more than 5 s of reports waiting, and nothing left soon after the load stops.
     assert result.max_lag <= 5 * 1000, [s.lag for s in result.samples]
     # The backlog drains once the load stops. How fast is a speed goal, measured by `python -m bench.load`
-    # (docs/reliability.md), not asserted here: it kept within 15 s before; 41 s on 2026-11-25 (cause open).
+    # (docs/reliability.md), not asserted here: from 4 s to 42 s across runs on this machine.
     assert result.drain_s is not None and result.drain_s <= 120
     # Nothing lost: one decision for every window the reports closed.
     assert result.decisions == result.windows_expected
-    # Bounded: once the job histories are full (10 windows = 100 s of metric time), neither the
-    # workers nor Redis keep growing.
-    settled = [s for s in result.samples if 110 <= s.at_s < 130]
-    late = [s for s in result.samples if s.at_s >= 130]
-    assert late and settled
+    # Bounded: once every job's histories are full (its 11th decision: metric windows, analyses and
+    # decisions each hold 10), neither the workers nor Redis keep growing. Judged from the decisions
+    # made, not from the clock, so a slower run is not mistaken for growth.
+    full = [s for s in result.samples if s.decisions >= 1000 * 11]
+    settled, late = full[:2], full[2:]
+    assert late, [(s.at_s, s.decisions) for s in result.samples]
     for worker in range(2):
         assert max(s.worker_rss_mb[worker] for s in late) <= 1.1 * max(s.worker_rss_mb[worker] for s in settled)
-    assert max(s.redis_used_mb for s in late) <= 1.05 * max(s.redis_used_mb for s in settled)
+    assert max(s.redis_used_mb for s in late) <= 1.05 * max(s.redis_used_mb for s in settled), \
+        [(s.at_s, s.decisions, s.redis_used_mb) for s in result.samples]
