@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from contracts.messages import EventType
-from stack.live import LiveRun, run_live
+from stack.live import run_live
 from stack.processes import start_broker, start_redis, stop_pid
 from stack.services import isolated_settings
 
@@ -34,15 +34,6 @@ RESULTS = Path(__file__).parent / "results"
 # At most 3 slots: on 2 cores, with the agents, broker and load generator beside it, the job at 4
 # slots processes far below its busy-time capacity (see docs/results.md, "Live").
 DEFAULT_STEPS = "steps:100:60,350:150,100:150,420:150,150:150,300:150,100:150"
-
-
-def recovery_rows(run: LiveRun) -> list[dict[str, float | int | None]]:
-    rows = []
-    for e in run.of(EventType.RECOVERED):
-        rows.append({"at_s": round(e.timestamp - run.started, 1), "from": e.from_parallelism, "to": e.to_parallelism,
-                     "predicted_s": e.numbers.get("predicted_s"), "observed_s": e.numbers.get("observed_s"),
-                     "error_s": e.numbers.get("error_s")})
-    return rows
 
 
 app = typer.Typer(help=__doc__, no_args_is_help=False)
@@ -68,7 +59,7 @@ def main(
     finally:
         stop_pid(broker.process.pid, process=broker.process)
         stop_pid(redis.process.pid, process=redis.process)
-    rows = recovery_rows(run)
+    rows = run.recoveries()
     table = Table(title=f"Recovery after each live rescale of the demo job (policy {policy}, {shape})")
     for column in ("at s", "rescale", "predicted s", "observed s", "error s"):
         table.add_column(column, justify="right")

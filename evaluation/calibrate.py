@@ -34,6 +34,7 @@ from evaluation.job_models import JobModelFile, fit_scaling
 from infra.kafka import TopicReader, ensure_topic
 from pipeline.loadgen import Constant, generate_load
 from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
+from plan.policies.default import BatchCost, Measured, capacities
 from stack.processes import start_broker
 
 INPUT = "calibrate.input"
@@ -94,7 +95,7 @@ class Drain:
         batches = sum(r.batches or 0 for r in batched)
         batch_time = sum(r.batch_time_s or 0.0 for r in batched)
         batch_busy = sum(r.busy_time_s for r in batched)
-        rates = [r.records_in / r.busy_time_s for r in reports if r.busy_time_s > 0 and r.records_in > 0]
+        rates = slot_rates(reports)
         return cls(
             parallelism=parallelism, reports=len(reports), records=records, seconds=round(seconds, 2),
             slot_rate=records / busy if busy else 0.0, throughput=records / seconds if seconds else 0.0,
@@ -110,6 +111,7 @@ class Calibration:
     drains: list[Drain] = field(default_factory=list)
     downtimes_up: list[float] = field(default_factory=list)
     downtimes_down: list[float] = field(default_factory=list)
+    steady_rates: list[list[float]] = field(default_factory=list)  # per level held between restarts
 
 
 @contextmanager
@@ -145,9 +147,15 @@ def drain(bootstrap: str, parallelism: int, options: dict[str, str], records: in
     return Drain.of(parallelism, metrics.reports[1:-1])
 
 
+def slot_rates(reports: list[MetricReport]) -> list[float]:
+    """Each report's DS2 per-slot rate (records per busy second), where it read records."""
+    return [r.records_in / r.busy_time_s for r in reports if r.busy_time_s > 0 and r.records_in > 0]
+
+
 def restarts(bootstrap: str, low: int, high: int, options: dict[str, str], rate: float, repeat: int,
-             topic_partitions: int, warmup_s: float = 20.0) -> tuple[list[float], list[float]]:
-    """Downtimes of `repeat` rescales low -> high and as many back, under a constant load."""
+             topic_partitions: int, warmup_s: float = 20.0) -> tuple[list[float], list[float], list[list[float]]]:
+    """Downtimes of `repeat` rescales low -> high and as many back, under a constant load, and the
+    per-slot rates the job reported at each level (the first report after a restart left out)."""
     ensure_topic(bootstrap, INPUT, topic_partitions)
     stop = threading.Event()
     load = threading.Thread(target=generate_load, args=(bootstrap, INPUT, Constant(rate)),
@@ -155,6 +163,8 @@ def restarts(bootstrap: str, low: int, high: int, options: dict[str, str], rate:
                             daemon=True)
     up: list[float] = []
     down: list[float] = []
+    levels: list[list[float]] = []
+    metrics = Metrics(bootstrap)
     with tempfile.TemporaryDirectory() as tmp:
         job = RestartFromCheckpoint(job_config(bootstrap, options, Path(tmp)))
         job.start(low)
@@ -162,7 +172,11 @@ def restarts(bootstrap: str, low: int, high: int, options: dict[str, str], rate:
         try:
             for _ in range(repeat):
                 for target, into in ((high, up), (low, down)):
-                    time.sleep(warmup_s)
+                    seen = len(metrics.reports)
+                    deadline = time.monotonic() + warmup_s
+                    while time.monotonic() < deadline:
+                        metrics.poll(min(1.0, max(0.0, deadline - time.monotonic())))
+                    levels.append(slot_rates(metrics.reports[seen + 1:]))
                     outcome = job.apply(target)
                     if not outcome.ok or outcome.downtime_s is None:
                         raise RuntimeError(f"the rescale to {target} failed: {outcome.errors}")
@@ -171,7 +185,8 @@ def restarts(bootstrap: str, low: int, high: int, options: dict[str, str], rate:
             stop.set()
             load.join(30)
             job.stop()
-    return up, down
+            metrics.close()
+    return up, down, levels
 
 
 def calibrate(parallelisms: list[int], options: dict[str, str], *, work_s: float = 40.0, nominal_slot_rate: float,
@@ -192,12 +207,38 @@ def calibrate(parallelisms: list[int], options: dict[str, str], *, work_s: float
     low = parallelisms[0]
     high = parallelisms[1] if len(parallelisms) > 1 else low + 1
     with own_broker() as bootstrap:
-        result.downtimes_up, result.downtimes_down = restarts(bootstrap, low, high, options,
+        result.downtimes_up, result.downtimes_down, result.steady_rates = restarts(bootstrap, low, high, options,
                                                               0.5 * low * nominal_slot_rate, restart_repeat,
                                                               topic_partitions)
     say(f"restarts {low} -> {high}: {[round(x, 1) for x in result.downtimes_up]} s; back: "
-        f"{[round(x, 1) for x in result.downtimes_down]} s")
+        f"{[round(x, 1) for x in result.downtimes_down]} s; "
+        f"{sum(len(level) for level in result.steady_rates)} reports between them")
     return model_file(result, name, options, work_s), result
+
+
+def unseen_capacities(drains: list[Drain], seen: int = 2) -> list[dict[str, float]]:
+    """What the default planner would predict for the parallelisms drained beyond the `seen`
+    smallest, from those alone, against what the job then drained there; pure.
+
+    The planner's own model (`plan.policies.default`): DS2 capacities measured at each parallelism,
+    extrapolated by a fitted power law (`capacities`, point estimate), times the share of a full
+    batch its slots work (`BatchCost`). The measured maximum sustainable throughput is the drained rate."""
+    ordered = sorted((d for d in drains if d.slot_rate > 0), key=lambda d: d.parallelism)
+    learned, unseen = ordered[:seen], ordered[seen:]
+    if not learned or not unseen:
+        return []
+    known = {str(d.parallelism): Measured(capacity=d.parallelism * d.slot_rate, n=max(1, d.reports))
+             for d in learned}
+    overheads = [d.batch_overhead_s for d in learned if d.batch_overhead_s is not None]
+    works = [d.batch_work_s for d in learned if d.batch_work_s]
+    batch = BatchCost(overhead_s=statistics.median(overheads), full_work_s=statistics.median(works) if works else None,
+                      full_n=len(works)) if overheads else None
+    top = max(d.parallelism for d in unseen)
+    predicted = capacities(known, top, 0.0, 0.0) * (batch.efficiency if batch is not None else 1.0)
+    return [{"parallelism": d.parallelism, "predicted": round(float(predicted[d.parallelism]), 1),
+             "measured": round(d.throughput, 1),
+             "error": round(float(predicted[d.parallelism]) / d.throughput - 1, 4) if d.throughput else float("nan")}
+            for d in unseen]
 
 
 def model_file(result: Calibration, name: str, options: dict[str, str], work_s: float) -> JobModelFile:
@@ -208,11 +249,14 @@ def model_file(result: Calibration, name: str, options: dict[str, str], work_s: 
     slot_rate, knee, efficiency = fit_scaling({d.parallelism: d.slot_rate for d in usable})
     overheads = [d.batch_overhead_s for d in usable if d.batch_overhead_s is not None]
     works = [d.batch_work_s for d in usable if d.batch_work_s]
-    # Each report's per-slot rate relative to its drain's mean, pooled over the drains. Reports are
-    # REPORT_S long and the evaluation's windows hold two: independent noise halves its variance.
-    relative = [r / statistics.mean(d.rates) for d in usable if len(d.rates) >= 2 for r in d.rates]
+    # Each report's per-slot rate relative to the mean of its drain or of its level between restarts,
+    # pooled. Reports are REPORT_S long and the evaluation's windows hold two: independent noise
+    # halves its variance.
+    groups = [list(d.rates) for d in usable] + result.steady_rates
+    relative = [r / statistics.mean(g) for g in groups if len(g) >= 2 for r in g]
     if len(relative) < 3:
-        raise RuntimeError(f"only {len(relative)} reports to measure the rate noise from: drain more work (--work-s)")
+        raise RuntimeError(f"only {len(relative)} reports to measure the rate noise from: drain more work "
+                           "(--work-s) or hold each level longer")
     noise = statistics.stdev(relative) / math.sqrt(2)
     return JobModelFile(
         name=name, slot_rate=round(slot_rate, 2), knee=knee, efficiency_beyond_knee=efficiency,
@@ -227,9 +271,11 @@ def model_file(result: Calibration, name: str, options: dict[str, str], work_s: 
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "job_options": options, "work_s_per_slot": work_s,
             "drains": [d.__dict__ for d in result.drains],
+            "unseen_capacity": unseen_capacities(result.drains),
             "downtimes_up_s": [round(x, 2) for x in result.downtimes_up],
             "downtimes_down_s": [round(x, 2) for x in result.downtimes_down],
-            "rate_noise": "report-to-report CV of the per-slot rate (5-s reports, each relative to its drain's mean, "
-                          "pooled) / sqrt(2), for 10-s windows",
+            "steady_rates": [[round(r, 2) for r in level] for level in result.steady_rates],
+            "rate_noise": "report-to-report CV of the per-slot rate (5-s reports, each relative to the mean of its "
+                          "drain or of its level between restarts, pooled) / sqrt(2), for 10-s windows",
         },
     )

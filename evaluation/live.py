@@ -123,6 +123,7 @@ def run_live_evaluation(console: Console, trace_name: str, policy: str, settings
     out = {"trace": trace_name, "description": trace.description, "policy": policy, "minutes": minutes,
            "trace_hours": trace_hours, "peak": peak, "wall_s": round(time.time() - started, 1), "live": live,
            "simulated": simulated, "relative_difference": differences,
+           "load": run.load_summary, "recoveries": run.recoveries(),
            "windows": [a.model_dump(mode="json", include=WINDOW_FIELDS) for a in run.analyses],
            "timeline": run.timeline()}
     path = json_out.with_name(json_out.stem + f"-live-{trace_name}.json")

@@ -79,6 +79,7 @@ def build(spark: SparkSession, ctx: JobContext) -> DataStreamWriter:
     records = parse_input(ctx.read_kafka(spark, input_topic))
     costed = records.mapInArrow(partial(wait_per_record, cost_ms), records.schema)
     sink = KeyedCountSink(ctx.bootstrap, output_topic, ctx.path("demo-sink.json"), ctx.output, ctx.kafka_security)
+    ctx.on_stop.append(sink.close)
     return costed.writeStream.foreachBatch(sink)
 
 
@@ -152,6 +153,12 @@ class KeyedCountSink:
                 "linger.ms": 5,
             })
         return self._producer
+
+    def close(self) -> None:
+        """Deliver what is pending and release the producer (the query has stopped)."""
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         # Spark replays the last batch after a restart; it was written if its id is saved.

@@ -30,7 +30,8 @@ class JobContext:
     its `query` folder and the job may keep its own files beside it), pause_file (the source admits
     no data while it exists), bootstrap (Kafka), options (the job's `--option key=value` pairs plus
     `minPartitions`), output (count what the sink writes here, for the metrics' records_out),
-    kafka_security (SASL/SSL properties, librdkafka names, for the job's own Kafka clients).
+    kafka_security (SASL/SSL properties, librdkafka names, for the job's own Kafka clients),
+    on_stop (what the job's own clients need to close, run once its query has stopped).
     """
 
     job_id: str
@@ -42,6 +43,7 @@ class JobContext:
     output: OutputCounter = field(default_factory=OutputCounter)
     pausable: bool = False  # set when the job reads through read_kafka with the pausable source
     kafka_security: dict[str, str] = field(default_factory=dict)
+    on_stop: list[Callable[[], None]] = field(default_factory=list)  # run when the query has stopped
 
     @property
     def min_partitions(self) -> int:

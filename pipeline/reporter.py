@@ -253,6 +253,9 @@ class MetricsReporter(StreamingQueryListener):
         remaining = self._producer.flush(timeout)
         if remaining:
             log.warning("metrics reporter: %d reports not delivered", remaining)
+        # Released now, not when Spark's listener bus lets go of this object: a producer left behind
+        # keeps reconnecting (and logging) once the broker is gone.
+        self._producer.close()
 
 
 def attach_reporter(

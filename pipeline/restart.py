@@ -16,7 +16,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,6 +99,7 @@ class RestartFromCheckpoint:
         self.query: StreamingQuery | None = None
         self.reporter: MetricsReporter | None = None
         self._parallelism: int | None = None
+        self._on_stop: list[Callable[[], None]] = []  # the job's own clients to close (JobContext.on_stop)
         self.pausable = True
         self.started_in_s: float | None = None  # the first start's time, a restart's first estimate
         Path(config.checkpoint_dir).mkdir(parents=True, exist_ok=True)
@@ -160,6 +161,7 @@ class RestartFromCheckpoint:
             kafka_security=self.config.kafka_security,
         )
         writer = self.build(self.spark, ctx)
+        self._on_stop = ctx.on_stop
         writer = writer.option("checkpointLocation", str(self.config.query_dir)).queryName(
             query_name(self.config.job_id)
         )
@@ -231,6 +233,12 @@ class RestartFromCheckpoint:
         if self.reporter is not None:
             with contextlib.suppress(Exception):
                 self.reporter.close()
+        for hook in self._on_stop:
+            try:
+                hook()
+            except Exception as exc:
+                log.warning("job %s: closing its clients: %s", self.config.job_id, exc)
+        self._on_stop = []
         if self.spark is not None:
             with contextlib.suppress(Exception):
                 self.spark.stop()

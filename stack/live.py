@@ -35,6 +35,12 @@ class LiveRun:
     def of(self, kind: EventType) -> list[ScalingEvent]:
         return [e for e in self.events if e.type is kind]
 
+    def recoveries(self) -> list[dict[str, float | int | None]]:
+        """Each observed recovery after a rescale, with the recovery time predicted when it was decided."""
+        return [{"at_s": round(e.timestamp - self.started, 1), "from": e.from_parallelism, "to": e.to_parallelism,
+                 "predicted_s": e.numbers.get("predicted_s"), "observed_s": e.numbers.get("observed_s"),
+                 "error_s": e.numbers.get("error_s")} for e in self.of(EventType.RECOVERED)]
+
     def timeline(self) -> str:
         t0 = self.started
         lines = [(e.timestamp - t0, f"event {e.type.value} {e.from_parallelism}->{e.to_parallelism} "

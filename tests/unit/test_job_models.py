@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,34 @@ def test_a_calibration_with_too_few_reports_for_the_noise_says_so() -> None:
                   batch_overhead_s=0.5, batch_work_s=2.0, rate_cv=None, rates=(200.0,))
     with pytest.raises(RuntimeError, match="rate noise"):
         model_file(Calibration([drain], [10.0], [5.0]), "j", {}, 40.0)
+
+
+def test_the_rate_noise_can_come_from_the_levels_held_between_restarts() -> None:
+    from evaluation.calibrate import Calibration, Drain, model_file
+
+    # One batch per drain gives no report-to-report spread; the steady levels still measure it.
+    drain = Drain(parallelism=1, reports=1, records=100, seconds=5.0, slot_rate=200.0, throughput=20.0,
+                  batch_overhead_s=0.5, batch_work_s=2.0, rate_cv=None, rates=(200.0,))
+    levels = [[190.0, 210.0, 200.0], [95.0, 105.0]]  # +-5 % around each level's own mean
+    model = model_file(Calibration([drain], [10.0], [5.0], levels), "j", {}, 40.0)
+    relative = [0.95, 1.05, 1.0, 0.95, 1.05]
+    expected = statistics.stdev(relative) / math.sqrt(2)
+    assert model.rate_noise == pytest.approx(expected, abs=1e-4)
+    assert model.measured["steady_rates"] == levels
+
+
+def test_capacity_at_unseen_parallelisms_is_the_planners_prediction_from_the_smallest_two() -> None:
+    from evaluation.calibrate import Drain, unseen_capacities
+
+    def drain(p: int, slot_rate: float, throughput: float) -> Drain:
+        return Drain(parallelism=p, reports=6, records=1000, seconds=30.0, slot_rate=slot_rate, throughput=throughput,
+                     batch_overhead_s=0.5, batch_work_s=2.0, rate_cv=0.05, rates=(slot_rate,) * 4)
+
+    # Linear at 200 rec/s per busy slot-second; a full batch is 2 s of work and 0.5 s of overhead, so
+    # p slots drain 200 p x 2 / 2.5 = 160 p rec/s. At 4 slots the job does worse than linear.
+    rows = unseen_capacities([drain(1, 200.0, 160.0), drain(2, 200.0, 320.0), drain(3, 200.0, 480.0),
+                              drain(4, 150.0, 400.0)])
+    assert [r["parallelism"] for r in rows] == [3, 4]
+    assert rows[0]["predicted"] == pytest.approx(480.0, rel=1e-3) and abs(rows[0]["error"]) < 1e-3
+    assert rows[1]["predicted"] == pytest.approx(640.0, rel=1e-3) and rows[1]["error"] == pytest.approx(0.6, abs=1e-3)
+    assert unseen_capacities([drain(1, 200.0, 160.0)]) == []
