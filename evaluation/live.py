@@ -15,16 +15,17 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
+import typer
 from rich.console import Console
 from rich.table import Table
 
 from contracts.messages import EventType
 from evaluation.forecasts import forecast_stream
 from evaluation.simulator import WINDOW_S, PolicyRunner, simulate
-from evaluation.suite import eval_config
+from evaluation.suite import EvalSettings, eval_config
 from evaluation.traces import LOW_FRACTION, NATIVE_ROW_SECONDS, TRACE_FILES, TRACES, builtin_series, replay
 from plan.registry import make_policy, policy_class
 from stack.live import LiveRun, run_live
@@ -32,10 +33,9 @@ from stack.processes import start_broker, start_redis, stop_pid
 from stack.services import isolated_settings
 
 if TYPE_CHECKING:
-    from evaluation.suite import EvalSettings
     from evaluation.traces import Trace
 
-COMPARED = ("slot_seconds", "beyond_target_s", "lag_p95_s", "actions")
+COMPARED = ("slot_seconds", "actions", "peak_backlog", "beyond_target_s", "lag_p95_s")
 # Per window in the JSON: enough to follow the job's per-slot rate and batch cost over a long run.
 WINDOW_FIELDS = {"window_end", "parallelism", "valid", "arrival_rate", "backlog", "observed_processing_rate",
                  "true_processing_rate", "utilization", "batch_overhead_s", "batch_work_s"}
@@ -59,14 +59,16 @@ def live_measures(run: LiveRun, backlog_target_s: float, initial_parallelism: in
     lags = np.array([(a.backlog or 0) / a.arrival_rate if a.arrival_rate else 0.0 for a in windows])
     beyond = sum(WINDOW_S for a in windows if (a.backlog or 0) > backlog_target_s * (a.arrival_rate or 0.0))
     return {"slot_seconds": paid, "beyond_target_s": beyond, "lag_p95_s": float(np.percentile(lags, 95)),
+            "peak_backlog": float(max(a.backlog or 0 for a in windows)),
             "lag_max_s": float(lags.max()), "actions": len(run.of(EventType.COMPLETED)),
             "failed": len(run.of(EventType.FAILED)), "windows": len(windows), "span_s": end - begin,
             "downtimes_s": [e.downtime_s for e in run.of(EventType.COMPLETED)]}
 
 
 def simulated_replay(trace_name: str, policy: str, settings: EvalSettings, minutes: float,
-                     trace_hours: float) -> tuple[Trace, dict[str, Any]]:
-    """The simulator's run of the replay `run_live_evaluation` sends to the real job."""
+                     trace_hours: float) -> tuple[Trace, list[dict[str, Any]]]:
+    """The simulator's runs of the replay `run_live_evaluation` sends to the real job, one per noise
+    seed of the settings (the job model's rate noise)."""
     replay_s = minutes * 60
     rows = math.ceil(trace_hours * 3600 / NATIVE_ROW_SECONDS[trace_name])
     # The load generator maps the trace's min..max onto LOW_FRACTION x peak..peak: so does this replay.
@@ -74,9 +76,78 @@ def simulated_replay(trace_name: str, policy: str, settings: EvalSettings, minut
                    row_replay_s=replay_s / rows)
     config = eval_config(settings).model_copy(update={"policy": policy})
     forecasts = forecast_stream(trace, config) if policy_class(policy).needs_forecast else None
-    run = simulate(trace, settings.job().model(), PolicyRunner(make_policy(policy), config), config, 1,
-                   settings.backlog_target_s, forecasts, rate_noise=settings.noise)
-    return trace, run.summary()
+    model = settings.job().model()
+    runs = []
+    for seed in range(settings.first_seed, settings.first_seed + settings.seeds):
+        run = simulate(trace, model, PolicyRunner(make_policy(policy), config), config, 1, settings.backlog_target_s,
+                       forecasts, seed=seed, rate_noise=settings.noise)
+        runs.append(run.summary() | {"seed": seed, "peak_backlog": round(max(run.timeline.backlog), 1)})
+    return trace, runs
+
+
+def compare(console: Console, out: dict[str, Any], settings: EvalSettings) -> dict[str, Any]:
+    """The recorded live run `out` against the simulation of its replay under `settings`' job model:
+    prints the table and returns `out` with the simulated runs, their medians and the differences."""
+    trace, runs = simulated_replay(out["trace"], out["policy"], settings, out["minutes"], out["trace_hours"])
+    live = out["live"]
+    table = Table(title=f"{trace.description}: live against simulated (policy {out['policy']}, job model "
+                        f"{settings.job().name}, {len(runs)} noise seeds)", title_justify="left")
+    for column in ("measure", "live", "simulated median", "simulated range", "difference"):
+        table.add_column(column, justify="right" if column != "measure" else "left")
+    medians, differences = {}, {}
+    for key in COMPARED:
+        values = sorted(float(r[key]) for r in runs)
+        medians[key] = float(np.median(values))
+        a = float(live[key])
+        differences[key] = None if a == 0 else (medians[key] - a) / a
+        shown = "-" if differences[key] is None else f"{100 * differences[key]:+.0f} %"
+        table.add_row(key, f"{a:.0f}", f"{medians[key]:.0f}", f"{values[0]:.0f}-{values[-1]:.0f}", shown)
+    console.print(table)
+    drift = drift_summary(out.get("windows") or [], trace.rates)
+    if drift:
+        console.print_json(json.dumps(drift))
+    return out | {"job_model": settings.job().name, "simulated": runs, "simulated_median": medians,
+                  "relative_difference": differences, "drift": drift}
+
+
+def drift_summary(windows: list[dict[str, Any]], rates: np.ndarray, span_s: float = 600.0,
+                  warmup_s: float = 120.0) -> dict[str, Any]:
+    """A long run's first `span_s` (after `warmup_s`) against its last: the job's DS2 per-slot rate and
+    batch overhead (medians over the windows that measured them), and the load generator's records
+    (arrival rate x window) against the replay's. The replay's windows are aligned to the run's by the
+    shift of at most 3 windows that matches them best. Empty if the run is shorter than two spans."""
+    rows = sorted((w for w in windows if w.get("arrival_rate") is not None), key=lambda w: w["window_end"])
+    if not rows or (rows[-1]["window_end"] - rows[0]["window_end"]) < 2 * span_s + warmup_s:
+        return {}
+    arrival = np.array([w["arrival_rate"] for w in rows])
+    n = min(len(arrival), len(rates))
+
+    def mismatch(shift: int) -> float:
+        a, r = arrival[max(0, shift):n], rates[max(0, -shift):n]
+        m = min(len(a), len(r))
+        return float(np.abs(a[:m] - r[:m]).mean())
+
+    shift = min(range(-3, 4), key=mismatch)
+    t0 = rows[0]["window_end"] - WINDOW_S
+    end = rows[-1]["window_end"]
+
+    def span(begin: float, stop: float) -> dict[str, Any]:
+        idx = [i for i, w in enumerate(rows) if begin < w["window_end"] <= stop]
+        measured = [rows[i] for i in idx if rows[i]["valid"] and rows[i]["utilization"] > 0]
+        overheads = [w["batch_overhead_s"] for w in measured if w["batch_overhead_s"] is not None]
+        replayed = [rates[i - shift] for i in idx if 0 <= i - shift < len(rates)]
+        produced = sum(rows[i]["arrival_rate"] for i in idx) * WINDOW_S
+        return {"from_s": round(begin - t0), "to_s": round(stop - t0), "windows": len(idx),
+                "slot_rate": round(float(np.median([w["true_processing_rate"] for w in measured])), 1)
+                if measured else None,
+                "batch_overhead_s": round(float(np.median(overheads)), 3) if overheads else None,
+                "produced": round(produced), "replayed": round(sum(replayed) * WINDOW_S),
+                "produced_vs_replayed": round(produced / (sum(replayed) * WINDOW_S) - 1, 4) if replayed else None}
+
+    first, last = span(t0 + warmup_s, t0 + warmup_s + span_s), span(end - span_s, end)
+    change = (last["slot_rate"] / first["slot_rate"] - 1) if first["slot_rate"] and last["slot_rate"] else None
+    return {"first": first, "last": last, "alignment_windows": shift,
+            "slot_rate_change": None if change is None else round(change, 4)}
 
 
 def run_live_evaluation(console: Console, trace_name: str, policy: str, settings: EvalSettings, minutes: float,
@@ -107,27 +178,42 @@ def run_live_evaluation(console: Console, trace_name: str, policy: str, settings
     finally:
         stop_pid(broker.process.pid, process=broker.process)
         stop_pid(redis.process.pid, process=redis.process)
-    live = live_measures(run, settings.backlog_target_s)
-    trace, simulated = simulated_replay(trace_name, policy, settings, minutes, trace_hours)
-
-    table = Table(title=f"{trace.description}: live against simulated (policy {policy})", title_justify="left")
-    for column in ("measure", "live", "simulated", "difference"):
-        table.add_column(column, justify="right" if column != "measure" else "left")
-    differences = {}
-    for key in COMPARED:
-        a, b = float(live[key]), float(simulated[key])
-        differences[key] = None if a == 0 else (b - a) / a
-        shown = "-" if differences[key] is None else f"{100 * differences[key]:+.0f} %"
-        table.add_row(key, f"{a:.0f}", f"{b:.0f}", shown)
-    console.print(table)
-    out = {"trace": trace_name, "description": trace.description, "policy": policy, "minutes": minutes,
-           "trace_hours": trace_hours, "peak": peak, "wall_s": round(time.time() - started, 1), "live": live,
-           "simulated": simulated, "relative_difference": differences,
-           "load": run.load_summary, "recoveries": run.recoveries(),
+    out = {"trace": trace_name, "policy": policy, "minutes": minutes, "trace_hours": trace_hours, "peak": peak,
+           "max_parallelism": settings.max_parallelism, "wall_s": round(time.time() - started, 1),
+           "live": live_measures(run, settings.backlog_target_s), "load": run.load_summary,
+           "recoveries": run.recoveries(),
            "windows": [a.model_dump(mode="json", include=WINDOW_FIELDS) for a in run.analyses],
            "timeline": run.timeline()}
     path = json_out.with_name(json_out.stem + f"-live-{trace_name}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))  # the live run is kept even if the simulation fails
+    out = compare(console, out, settings)
     path.write_text(json.dumps(out, indent=1))
     console.print(f"wrote {path}")
     return out
+
+
+def main(
+    result: Annotated[Path, typer.Argument(help="A JSON file written by `autoscaler evaluate --live`.")],
+    job_model: Annotated[Path | None, typer.Option(help="A job-model file; default the demo job's.")] = None,
+    seeds: Annotated[int, typer.Option(min=1)] = 5,
+    max_parallelism: Annotated[int, typer.Option(help="If the result does not say.")] = 4,
+    backlog_target_s: Annotated[float, typer.Option()] = 60.0,
+    out: Annotated[Path | None, typer.Option(help="Where the comparison goes; default beside RESULT.")] = None,
+) -> None:
+    """Compare a recorded live run against the simulation of its replay under another job model
+    (`python -m evaluation.live RESULT --job-model FILE`): no need to run it live again."""
+    recorded = json.loads(result.read_text())
+    if "peak_backlog" not in recorded["live"]:  # recorded before it was measured
+        recorded["live"]["peak_backlog"] = float(max((w.get("backlog") or 0) for w in recorded["windows"]))
+    settings = EvalSettings(peak=recorded["peak"], max_parallelism=recorded.get("max_parallelism", max_parallelism),
+                            seeds=seeds,
+                            backlog_target_s=backlog_target_s, job_model=str(job_model) if job_model else None)
+    compared = compare(Console(width=150), recorded, settings)
+    target = out or result.with_name(f"{result.stem}-vs-{settings.job().name}.json")
+    target.write_text(json.dumps(compared, indent=1))
+    print(f"wrote {target}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

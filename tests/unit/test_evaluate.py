@@ -206,6 +206,29 @@ def test_live_runs_are_measured_as_simulated_ones() -> None:
     assert measured["beyond_target_s"] == 20.0  # two windows with 90 s of arrivals queued
     assert measured["actions"] == 1
     assert measured["lag_max_s"] == pytest.approx(90.0)
+    assert measured["peak_backlog"] == 9_000
+
+
+def test_a_long_live_runs_drift_compares_its_first_and_last_spans() -> None:
+    from evaluation.live import drift_summary
+
+    # 40 minutes of 10-s windows; the replay's rates are the run's, shifted by two windows, and in
+    # the last 10 minutes the load generator produces 5 % short and the per-slot rate falls by 20 %.
+    n = 240
+    rates = 100.0 + 50.0 * np.sin(np.arange(n + 2) / 20.0)
+    windows = []
+    for i in range(n):
+        late = i >= n - 60
+        windows.append({"window_end": 1000.0 + 10 * (i + 1), "arrival_rate": rates[i + 2] * (0.95 if late else 1.0),
+                        "valid": True, "utilization": 0.5, "true_processing_rate": 160.0 if late else 200.0,
+                        "batch_overhead_s": 0.4, "backlog": 10})
+    drift = drift_summary(windows, rates)
+    assert drift["alignment_windows"] == -2
+    assert drift["first"]["produced_vs_replayed"] == pytest.approx(0.0, abs=1e-9)
+    assert drift["last"]["produced_vs_replayed"] == pytest.approx(-0.05, abs=1e-9)
+    assert drift["slot_rate_change"] == pytest.approx(-0.2)
+    assert (drift["first"]["from_s"], drift["first"]["to_s"], drift["last"]["windows"]) == (120, 720, 60)
+    assert drift_summary(windows[:100], rates) == {}  # shorter than two spans and the warm-up
 
 
 def test_live_benchmarks_get_topics_of_their_own() -> None:
