@@ -75,7 +75,9 @@ def run_demo(settings: Settings, shape: str, cost_ms: float, partitions: int, ma
         summary = demo_summary(run, produced, ids, SCALE_DOWN_DELAY_S)
         _print_summary(console, summary)
         png = _plot(run, logs.parent / f"demo-{run_id}.png")
-        console.print(f"timeline: {png}")
+        png.with_suffix(".json").write_text(json.dumps(summary | {"shape": shape, "timeline": run.timeline()},
+                                                       indent=1))
+        console.print(f"timeline: {png} (and {png.with_suffix('.json').name})")
     except KeyboardInterrupt:
         console.print("stopping")
     finally:
@@ -166,6 +168,7 @@ def demo_summary(run: LiveRun, produced: int | None, ids: list[int], scale_down_
         "duplicates": len(ids) - distinct,
         "missing": None if produced is None else max(0, produced - len(set(ids) & set(range(produced)))),
         "scale_down_delay_s": scale_down_delay_s,
+        "recoveries": run.recoveries(),
     }
 
 
@@ -185,9 +188,17 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
         ("exactly once", "unknown: the load generator's count is missing" if s["records_in"] is None
          else "yes" if exactly_once else f"no: {s['missing']} missing, {s['duplicates']} duplicated"),
     ]
+    if s.get("recoveries"):
+        rows.append(("recoveries", "; ".join(
+            f"{r['from']} -> {r['to']}: observed {_seconds(r['observed_s'])}, predicted {_seconds(r['predicted_s'])}"
+            for r in s["recoveries"])))
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
+
+
+def _seconds(value: float | int | None) -> str:
+    return "-" if value is None else f"{value:.0f} s"
 
 
 def _plot(run: LiveRun, path: Path) -> Path:

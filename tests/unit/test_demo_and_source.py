@@ -79,7 +79,12 @@ def test_the_demo_summary_counts_actions_slot_seconds_and_exactly_once() -> None
     for at, frm, to in ((1100.0, 1, 4), (1200.0, 4, 1)):
         run.events.append(ScalingEvent(decision_id="d", job_id="demo", type=EventType.COMPLETED, timestamp=at,
                                        from_parallelism=frm, to_parallelism=to, downtime_s=0.0))
+    run.events.append(ScalingEvent(decision_id="d", job_id="demo", type=EventType.RECOVERED, timestamp=1130.0,
+                                   from_parallelism=1, to_parallelism=4,
+                                   numbers={"predicted_s": 25.0, "observed_s": 30.0, "error_s": -5.0}))
     summary = demo_summary(run, 5, [0, 1, 2, 3, 4], 60)
+    assert summary["recoveries"] == [{"at_s": 130.0, "from": 1, "to": 4, "predicted_s": 25.0, "observed_s": 30.0,
+                                      "error_s": -5.0}]
     assert (summary["scale_ups"], summary["scale_downs"], summary["path"]) == (1, 1, "1 -> 4 -> 1")
     assert summary["span_s"] == 300 and summary["slot_seconds"] == 200 * 1 + 100 * 4
     assert summary["peak_slot_seconds"] == 4 * 300 and summary["peak_backlog"] == 5000
