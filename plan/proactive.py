@@ -9,7 +9,7 @@ rescales with `predicted_recovery_s`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from contracts.jobs import JobConfig
 from contracts.messages import Analysis, CapacityView, DecisionReason, RecoveryView
@@ -86,14 +86,18 @@ def caught_up_records(analysis: Analysis, config: JobConfig) -> float:
 
 
 def predicted_recovery_s(
-    analysis: Analysis, config: JobConfig, to: int, downtimes: Downtimes, capacity_of: Capacity | None
+    analysis: Analysis, config: JobConfig, to: int, downtimes: Downtimes, capacity_of: Capacity | None,
+    rates: tuple[Sequence[float], float] | None = None,
 ) -> float | None:
-    """The recovery time Daedalus predicts for a rescale to `to`, whichever policy chose it: with the
-    forecast when there is one (a flat arrival rate otherwise) and the capacity the policy plans
-    with. None when the job reports no arrival rate or no capacity is known."""
+    """The recovery time Daedalus predicts for a rescale to `to`, whichever policy chose it: with
+    `rates` (values, step) when given, else the forecast when there is one (a flat arrival rate
+    otherwise), and the capacity the policy plans with. None when the job reports no arrival rate or
+    no capacity is known."""
     if analysis.arrival_rate is None or capacity_of is None:
         return None
-    if analysis.forecast is not None and analysis.forecast.values:
+    if rates is not None and len(rates[0]):
+        values, step_s = list(rates[0]), rates[1]
+    elif analysis.forecast is not None and analysis.forecast.values:
         values, step_s = analysis.forecast.values, analysis.forecast.step_s
     else:
         values, step_s = [analysis.arrival_rate], config.target_recovery_s

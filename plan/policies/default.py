@@ -366,9 +366,12 @@ class CostPlanner:
         message = "; ".join([message, *notes])
         if to == current:
             return replace(hold(current, "planned_hold", message, rule=self.name, **numbers), recommended=target), {}
-        top = problem.max_parallelism
+        # The prediction is of what will be observed: the point estimates, not the quantiles planned with.
+        expected = self.problem(memory, analysis, config, state, quantiles=False) or problem
+        top = expected.max_parallelism
         numbers["predicted_recovery_s"] = predicted_recovery_s(
-            analysis, config, to, state.downtimes, lambda p: float(problem.capacity[min(p, top)]))
+            analysis, config, to, state.downtimes, lambda p: float(expected.capacity[min(p, top)]),
+            rates=(expected.rates, expected.step_s))
         changes = rescale_updates(current, to, analysis.window_end, numbers["predicted_recovery_s"], config)
         reason = DecisionReason(code="cost_plan", rule=self.name, message=message, numbers=numbers)
         return Plan(direction(current, to), to, reason, recommended=target), changes

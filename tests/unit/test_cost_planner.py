@@ -21,6 +21,7 @@ from plan.forecast_skill import ForecastSkill, note
 from plan.level import LevelState, update
 from plan.policies.default import CostPlanner, Measured, PlannerMemory, capacities, planned_rates
 from plan.policy import Plan
+from plan.proactive import predicted_recovery_s
 
 
 def problem(rates: list[float], current: int = 2, backlog: float = 0.0, per_slot: float = 100.0,
@@ -314,7 +315,21 @@ def test_the_jobs_limits_hold_and_a_rescale_carries_its_predicted_recovery() -> 
 
     state, plan = scale_up(JobConfig(max_parallelism=12))
     assert plan.action is Action.SCALE_UP and plan.to_parallelism >= 8
-    assert plan.reason.numbers["predicted_recovery_s"] is not None
+    predicted = plan.reason.numbers["predicted_recovery_s"]
+    assert predicted is not None
+    # A prediction of what will be observed: the point estimates of capacity and arrivals, not the
+    # quantiles the plan keeps the target with (those would predict a slower recovery).
+    memory, last = PlannerMemory.model_validate(state.policy_state), window(90.0, 2, 1500.0, backlog=20_000)
+    config = JobConfig(max_parallelism=12)
+    point = CostPlanner().problem(memory, last, config, state, quantiles=False)
+    cautious = CostPlanner().problem(memory, last, config, state)
+    assert point is not None and cautious is not None
+    to = plan.to_parallelism
+    assert predicted == pytest.approx(predicted_recovery_s(
+        last, config, to, state.downtimes, lambda p: float(point.capacity[p]), rates=(point.rates, point.step_s)))
+    slower = predicted_recovery_s(last, config, to, state.downtimes, lambda p: float(cautious.capacity[p]),
+                                  rates=(cautious.rates, cautious.step_s))
+    assert slower is None or slower > predicted  # here None: no recovery within the search at all
     assert state.pending_recovery is not None and state.rescale_decided_at == 90.0
     _, plan = scale_up(JobConfig(max_parallelism=12, max_scale_up_factor=1.0))
     assert plan.to_parallelism == 4 and "max_scale_up_factor" in plan.reason.message
