@@ -111,12 +111,17 @@ def compare(console: Console, out: dict[str, Any], settings: EvalSettings) -> di
 
 
 def drift_summary(windows: list[dict[str, Any]], rates: np.ndarray, span_s: float = 600.0,
-                  warmup_s: float = 120.0) -> dict[str, Any]:
+                  warmup_s: float = 120.0, match: float = 0.1) -> dict[str, Any]:
     """A long run's first `span_s` (after `warmup_s`) against its last: the job's DS2 per-slot rate and
-    batch overhead (medians over the windows that measured them), and the load generator's records
-    (arrival rate x window) against the replay's. The replay's windows are aligned to the run's by the
-    shift of at most 3 windows that matches them best. Empty if the run is shorter than two spans."""
-    rows = sorted((w for w in windows if w.get("arrival_rate") is not None), key=lambda w: w["window_end"])
+    batch overhead, and the load generator's records (arrival rate x window) against the replay's.
+
+    The per-slot rate depends on the load (a batch's fixed costs weigh more on few records), so the
+    drift compares like with like: each window of the last span against the median of the windows of
+    the run's first half (after the warm-up) at the same parallelism and an arrival rate within
+    `match`; `slot_rate_change` is the median of those ratios less 1. The replay's windows are aligned
+    to the run's by the shift of at most 3 windows that matches them best. Empty if the run is shorter
+    than two spans and the warm-up."""
+    rows = sorted((w for w in windows if w.get("arrival_rate")), key=lambda w: w["window_end"])
     if not rows or (rows[-1]["window_end"] - rows[0]["window_end"]) < 2 * span_s + warmup_s:
         return {}
     arrival = np.array([w["arrival_rate"] for w in rows])
@@ -131,23 +136,33 @@ def drift_summary(windows: list[dict[str, Any]], rates: np.ndarray, span_s: floa
     t0 = rows[0]["window_end"] - WINDOW_S
     end = rows[-1]["window_end"]
 
+    def measured(begin: float, stop: float) -> list[dict[str, Any]]:
+        return [w for w in rows if begin < w["window_end"] <= stop and w["valid"] and w["utilization"] > 0]
+
     def span(begin: float, stop: float) -> dict[str, Any]:
         idx = [i for i, w in enumerate(rows) if begin < w["window_end"] <= stop]
-        measured = [rows[i] for i in idx if rows[i]["valid"] and rows[i]["utilization"] > 0]
-        overheads = [w["batch_overhead_s"] for w in measured if w["batch_overhead_s"] is not None]
+        used = measured(begin, stop)
+        overheads = [w["batch_overhead_s"] for w in used if w["batch_overhead_s"] is not None]
         replayed = [rates[i - shift] for i in idx if 0 <= i - shift < len(rates)]
         produced = sum(rows[i]["arrival_rate"] for i in idx) * WINDOW_S
         return {"from_s": round(begin - t0), "to_s": round(stop - t0), "windows": len(idx),
-                "slot_rate": round(float(np.median([w["true_processing_rate"] for w in measured])), 1)
-                if measured else None,
+                "slot_rate": round(float(np.median([w["true_processing_rate"] for w in used])), 1) if used else None,
                 "batch_overhead_s": round(float(np.median(overheads)), 3) if overheads else None,
                 "produced": round(produced), "replayed": round(sum(replayed) * WINDOW_S),
                 "produced_vs_replayed": round(produced / (sum(replayed) * WINDOW_S) - 1, 4) if replayed else None}
 
-    first, last = span(t0 + warmup_s, t0 + warmup_s + span_s), span(end - span_s, end)
-    change = (last["slot_rate"] / first["slot_rate"] - 1) if first["slot_rate"] and last["slot_rate"] else None
-    return {"first": first, "last": last, "alignment_windows": shift,
-            "slot_rate_change": None if change is None else round(change, 4)}
+    reference = measured(t0 + warmup_s, t0 + (end - t0) / 2)
+    ratios = []
+    for w in measured(end - span_s, end):
+        alike = [r["true_processing_rate"] for r in reference if r["parallelism"] == w["parallelism"]
+                 and abs(r["arrival_rate"] / w["arrival_rate"] - 1) <= match]
+        if alike:
+            ratios.append(w["true_processing_rate"] / float(np.median(alike)))
+    return {"first": span(t0 + warmup_s, t0 + warmup_s + span_s), "last": span(end - span_s, end),
+            "alignment_windows": shift, "matched_windows": len(ratios),
+            "slot_rate_change": round(float(np.median(ratios)) - 1, 4) if ratios else None,
+            "slot_rate_change_p10_p90": [round(float(q) - 1, 4) for q in np.percentile(ratios, [10, 90])]
+            if ratios else None}
 
 
 def run_live_evaluation(console: Console, trace_name: str, policy: str, settings: EvalSettings, minutes: float,

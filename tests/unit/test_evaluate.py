@@ -220,13 +220,18 @@ def test_a_long_live_runs_drift_compares_its_first_and_last_spans() -> None:
     for i in range(n):
         late = i >= n - 60
         windows.append({"window_end": 1000.0 + 10 * (i + 1), "arrival_rate": rates[i + 2] * (0.95 if late else 1.0),
-                        "valid": True, "utilization": 0.5, "true_processing_rate": 160.0 if late else 200.0,
+                        "valid": True, "utilization": 0.5, "parallelism": 2,
+                        "true_processing_rate": 160.0 if late else 200.0,
                         "batch_overhead_s": 0.4, "backlog": 10})
     drift = drift_summary(windows, rates)
     assert drift["alignment_windows"] == -2
     assert drift["first"]["produced_vs_replayed"] == pytest.approx(0.0, abs=1e-9)
     assert drift["last"]["produced_vs_replayed"] == pytest.approx(-0.05, abs=1e-9)
-    assert drift["slot_rate_change"] == pytest.approx(-0.2)
+    assert drift["slot_rate_change"] == pytest.approx(-0.2) and drift["matched_windows"] == 60
+    # Compared with windows of the same load only: a rate that follows the load is no drift.
+    for w in windows:
+        w["true_processing_rate"] = 100.0 + w["arrival_rate"]
+    assert drift_summary(windows, rates)["slot_rate_change"] == pytest.approx(0.0, abs=0.03)
     assert (drift["first"]["from_s"], drift["first"]["to_s"], drift["last"]["windows"]) == (120, 720, 60)
     assert drift_summary(windows[:100], rates) == {}  # shorter than two spans and the warm-up
 
