@@ -157,6 +157,7 @@ class KeyedCountSink:
     def close(self) -> None:
         """Deliver what is pending and release the producer (the query has stopped)."""
         if self._producer is not None:
+            self._producer.flush(10)  # serves the delivery reports, so closing leaves none unserved
             self._producer.close()
             self._producer = None
 
