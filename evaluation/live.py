@@ -75,7 +75,9 @@ def simulated_replay(trace_name: str, policy: str, settings: EvalSettings, minut
     trace = replay(builtin_series(trace_name), hours=replay_s / 3600, rate=settings.peak, scaling="stretch",
                    row_replay_s=replay_s / rows)
     config = eval_config(settings).model_copy(update={"policy": policy})
-    forecasts = forecast_stream(trace, config) if policy_class(policy).needs_forecast else None
+    # As the live analyze agent forecasts: one point per metric window (the offline evaluation's
+    # forecaster sees one a minute), so both fit their first model after as many windows.
+    forecasts = forecast_stream(trace, config, step_s=WINDOW_S) if policy_class(policy).needs_forecast else None
     model = settings.job().model()
     runs = []
     for seed in range(settings.first_seed, settings.first_seed + settings.seeds):
