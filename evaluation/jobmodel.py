@@ -190,6 +190,20 @@ def advance(model: JobModel, state: JobState, start: float, length_s: float, arr
     return WindowOutcome(processed, running, capacity, busy)
 
 
+def micro_batches(model: JobModel, running_s: float, work_share: float) -> tuple[int | None, float | None]:
+    """The micro-batches a fused job with a per-batch cost runs back to back in `running_s`, its slots
+    working `work_share` of it, and their summed time; (None, None) for a model without batches.
+
+    A batch takes its fixed cost plus the work on what arrived during the one before: d = overhead /
+    (1 - share), at most overhead + a full batch's work (saturated). The analysis then measures
+    exactly the model's overhead: (running_s - share x running_s) / (running_s / d) = overhead."""
+    if not model.fused or model.batch_overhead_s <= 0:
+        return None, None
+    full = model.batch_overhead_s + model.batch_work_s
+    duration = full if work_share >= 1 else min(full, model.batch_overhead_s / (1 - work_share))
+    return max(1, round(running_s / duration)), running_s
+
+
 def report(model: JobModel, state: JobState, job_id: str, end: float, outcome: WindowOutcome,
            arrival_rate: float) -> MetricReport | None:
     """What the job's reporter sends for an interval ending at `end` (None while it was down)."""
@@ -212,10 +226,11 @@ def report(model: JobModel, state: JobState, job_id: str, end: float, outcome: W
             ))
             previous = [op.name]
     utilization = min(1.0, outcome.busy_slot_s / (p * outcome.running_s))
+    batches, batch_time = micro_batches(model, outcome.running_s, utilization) if records else (None, None)
     return MetricReport(
         job_id=job_id, timestamp=end, interval_s=outcome.running_s, parallelism=p, records_in=records,
         records_out=round(outcome.processed * out_factor), busy_time_s=outcome.busy_slot_s,
-        cpu_utilization=utilization,
+        cpu_utilization=utilization, batches=batches, batch_time_s=batch_time,
         source=SourceMetrics(arrival_rate=arrival_rate, backlog=round(state.backlog), partitions=model.partitions,
                              splittable=model.splittable),
         operators=operators,

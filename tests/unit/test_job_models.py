@@ -140,3 +140,17 @@ def test_capacity_at_unseen_parallelisms_is_the_planners_prediction_from_the_sma
     assert rows[0]["predicted"] == pytest.approx(480.0, rel=1e-3) and abs(rows[0]["error"]) < 1e-3
     assert rows[1]["predicted"] == pytest.approx(640.0, rel=1e-3) and rows[1]["error"] == pytest.approx(0.6, abs=1e-3)
     assert unseen_capacities([drain(1, 200.0, 160.0)]) == []
+
+
+@given(share=st.floats(0.05, 1.0))
+def test_simulated_micro_batches_show_the_models_fixed_cost_per_batch(share: float) -> None:
+    from evaluation.jobmodel import micro_batches
+
+    base = {"name": "m", "slot_rate": 200.0, "downtime_up_s": 20.0, "downtime_down_s": 10.0, "rate_noise": 0.1}
+    model = JobModelFile(**base, batch_overhead_s=0.4, batch_work_s=5.0).model()
+    share = min(share, model.batch_efficiency)  # a saturated job works this share of its time
+    batches, batch_time = micro_batches(model, 600.0, share)
+    assert batches is not None and batch_time == 600.0
+    overhead = (batch_time - share * 600.0) / batches  # Analysis.batch_overhead_s's formula
+    assert overhead == pytest.approx(0.4, rel=0.02)
+    assert micro_batches(JobModelFile(**base).model(), 600.0, share) == (None, None)
