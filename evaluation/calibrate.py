@@ -207,9 +207,8 @@ def calibrate(parallelisms: list[int], options: dict[str, str], *, work_s: float
     low = parallelisms[0]
     high = parallelisms[1] if len(parallelisms) > 1 else low + 1
     with own_broker() as bootstrap:
-        result.downtimes_up, result.downtimes_down, result.steady_rates = restarts(bootstrap, low, high, options,
-                                                              0.5 * low * nominal_slot_rate, restart_repeat,
-                                                              topic_partitions)
+        result.downtimes_up, result.downtimes_down, result.steady_rates = restarts(
+            bootstrap, low, high, options, 0.5 * low * nominal_slot_rate, restart_repeat, topic_partitions)
     say(f"restarts {low} -> {high}: {[round(x, 1) for x in result.downtimes_up]} s; back: "
         f"{[round(x, 1) for x in result.downtimes_down]} s; "
         f"{sum(len(level) for level in result.steady_rates)} reports between them")

@@ -83,7 +83,7 @@ def simulated_replay(trace_name: str, policy: str, settings: EvalSettings, minut
     for seed in range(settings.first_seed, settings.first_seed + settings.seeds):
         run = simulate(trace, model, PolicyRunner(make_policy(policy), config), config, 1, settings.backlog_target_s,
                        forecasts, seed=seed, rate_noise=settings.noise)
-        runs.append(run.summary() | {"seed": seed, "peak_backlog": round(max(run.timeline.backlog), 1)})
+        runs.append(run.summary() | {"seed": seed})
     return trace, runs
 
 

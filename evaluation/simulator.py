@@ -132,9 +132,14 @@ class PolicyRun:
     def actions(self) -> int:
         return self.scale_ups + self.scale_downs
 
+    @property
+    def peak_backlog(self) -> float:
+        return round(max(self.timeline.backlog), 1)
+
     def summary(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "timeline"}
-        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()} | {"actions": self.actions}
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()} | {
+            "actions": self.actions, "peak_backlog": self.peak_backlog}
 
 
 def rate_factors(windows: int, seed: int, sigma: float | None = None) -> np.ndarray:

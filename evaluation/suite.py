@@ -133,7 +133,7 @@ def evaluate_case(name: str, regime: Regime, seed: int, policies: Sequence[str],
                              forecasts if policy_name in forecasting else None, seed, noise,
                              factors=factors))
     static_cost = static_p * trace.duration_s
-    rows = [_renamed(run.summary()) | {"restarts": run.actions, "peak_backlog": round(max(run.timeline.backlog), 1),
+    rows = [_renamed(run.summary()) | {"restarts": run.actions,
                              "vs_static": round(run.slot_seconds / static_cost, 4),
                              "vs_oracle": round(run.slot_seconds / oracle.slot_seconds, 4)} for run in runs]
     return {
