@@ -60,6 +60,19 @@ class Downtimes(_Part):
         measured = [d for d in getattr(self, direction) if math.isfinite(d) and d >= 0][-recent:]
         return expected_restart_time(measured, default_s, cap_s)
 
+    def typical(self, direction: Literal["up", "down"], default_s: float, recent: int = 5) -> float:
+        """The restart a prediction of what will be observed expects: the median of the `recent` last
+        measured ones in `direction`, else of those measured in the other, else `default_s`."""
+        if direction not in ("up", "down"):
+            raise ValueError(f"direction must be 'up' or 'down', got {direction!r}")
+        other = "down" if direction == "up" else "up"
+        for side in (direction, other):
+            measured = sorted(d for d in getattr(self, side)[-recent:] if math.isfinite(d) and d >= 0)
+            if measured:
+                mid = len(measured) // 2
+                return measured[mid] if len(measured) % 2 else (measured[mid - 1] + measured[mid]) / 2
+        return default_s
+
     def restart_time(self, default_s: float, cap_s: float) -> float | None:
         """The restart time to plan a rescale with, either direction (see `expected_restart_time`);
         None until one has been measured."""

@@ -10,8 +10,9 @@ plans with, each an estimate on the safe side:
 - capacity: the DS2 true rate measured at each parallelism the job ran at (records per busy second
   per slot, averaged; `known`), extrapolated to the others along a power law fitted through them
   (exponent at most 1: slots never add more than linearly), less its measured noise; for a micro-batch
-  job, times the share of a full batch its slots spend on records (`BatchCost`: a fixed cost per
-  batch plus the work per slot, measured online);
+  job, as a saturated job runs: full batches (DS2's rate falls at small batches, which a fixed cost
+  per task explains) and the share of a full batch its slots spend on records (`plan.batching`: a
+  fixed cost per batch and per task plus the work per record, measured online);
 - actions: the measured restart time of each direction (the plan state's downtimes), the replay
   since the last checkpoint (half a checkpoint interval of arrivals), and a penalty per action.
 
@@ -41,6 +42,7 @@ from contracts.jobs import JobConfig
 from contracts.messages import Action, Analysis, DecisionReason, ForecastView
 from contracts.periods import excluded_at, parse_periods
 from contracts.plan_state import PlanState
+from plan.batching import KNOWN_WINDOWS, BatchCost
 from plan.controls import bounded_step, heading_beyond_target
 from plan.cost_plan import PlanProblem, Schedule, describe, solve
 from plan.forecast_skill import ForecastSkill, note
@@ -53,7 +55,6 @@ from plan.proactive import downtimes_expected, predicted_recovery_s
 
 EXPONENT_PRIOR = 0.95  # capacity ~ p^0.95 beyond what was measured, until two parallelisms were
 EXPONENT_RANGE = (0.5, 1.0)
-KNOWN_WINDOWS = 30  # a parallelism's measured capacity averages about its last this many windows (5 min)
 FIT_MIN_WINDOWS = 3  # a parallelism's capacity shapes the curve once measured over this many windows
 EXTRAPOLATION_ERROR = 0.05  # relative error of a capacity extrapolated by a factor of 2 in parallelism
 FORECAST_MAX_OFFSET = 0.25  # a forecast whose first value is this far from the measured level is not used
@@ -72,11 +73,15 @@ class Measured(BaseModel):
 
     capacity: float
     n: int = 1
+    records_per_task: float | None = None  # the windows' mean batch size (records per slot per batch)
 
-    def add(self, value: float) -> Measured:
+    def add(self, value: float, records_per_task: float | None = None) -> Measured:
         n = self.n + 1
         weight = max(1 / n, 1 / KNOWN_WINDOWS)
-        return Measured(capacity=(1 - weight) * self.capacity + weight * value, n=n)
+        size = self.records_per_task
+        if records_per_task is not None:
+            size = records_per_task if size is None else (1 - weight) * size + weight * records_per_task
+        return Measured(capacity=(1 - weight) * self.capacity + weight * value, n=n, records_per_task=size)
 
     @property
     def effective(self) -> int:
@@ -106,38 +111,6 @@ class SlotStats(BaseModel):
         if self.n < 3 or self.mean <= 0:
             return None
         return math.sqrt(self.m2 / (self.n - 1)) / self.mean
-
-
-class BatchCost(BaseModel):
-    """Micro-batches (Spark): the fixed wall time each costs beyond its work (`Analysis.batch_overhead_s`)
-    and the work a full batch holds per slot, measured while the backlog kept batches full. Running
-    means, then exponentially weighted (1 / KNOWN_WINDOWS), as `Measured`."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    overhead_s: float
-    full_work_s: float | None = None
-    n: int = 1
-    full_n: int = 0
-
-    def add(self, overhead_s: float, work_s: float | None, full: bool) -> BatchCost:
-        n = self.n + 1
-        weight = max(1 / n, 1 / KNOWN_WINDOWS)
-        update: dict[str, Any] = {"overhead_s": (1 - weight) * self.overhead_s + weight * overhead_s, "n": n}
-        if full and work_s is not None:
-            full_n = self.full_n + 1
-            w = max(1 / full_n, 1 / KNOWN_WINDOWS)
-            update |= {"full_n": full_n,
-                       "full_work_s": work_s if self.full_work_s is None else (1 - w) * self.full_work_s + w * work_s}
-        return self.model_copy(update=update)
-
-    @property
-    def efficiency(self) -> float:
-        """The share of a saturated job's time its slots work on records: full work / (full work +
-        overhead). 1 until a full batch was measured: below saturation the overhead costs latency only."""
-        if self.full_work_s is None or self.full_work_s <= 0:
-            return 1.0
-        return self.full_work_s / (self.full_work_s + self.overhead_s)
 
 
 class PlannerMemory(BaseModel):
@@ -275,16 +248,17 @@ class CostPlanner:
         slot = slot.add(rate)
         known = dict(memory.known)
         previous = known.get(str(p))
-        known[str(p)] = Measured(capacity=p * rate) if previous is None else previous.add(p * rate)
+        # Records per slot per micro-batch: DS2's rate depends on it (`plan.batching`).
+        size = analysis.batch_work_s * rate if analysis.batch_work_s else None
+        known[str(p)] = (Measured(capacity=p * rate, records_per_task=size) if previous is None
+                         else previous.add(p * rate, size))
         batch = memory.batch
         if analysis.batch_overhead_s is not None:
             # Batches are full while the backlog holds more than a full batch's records.
             full = (analysis.backlog or 0) > SATURATED_BACKLOG_S * (analysis.arrival_rate or 0.0) > 0
-            work = analysis.batch_work_s if full else None
-            if batch is None:
-                batch = BatchCost(overhead_s=analysis.batch_overhead_s, full_work_s=work, full_n=int(work is not None))
-            else:
-                batch = batch.add(analysis.batch_overhead_s, work, full)
+            work = analysis.batch_work_s
+            batch = (BatchCost.first(analysis.batch_overhead_s, work, full, size) if batch is None
+                     else batch.add(analysis.batch_overhead_s, work, full, size))
         return memory.model_copy(update={"slot": slot, "known": known, "batch": batch,
                                          "noise_cv": slot.cv if slot.cv is not None else memory.noise_cv})
 
@@ -299,7 +273,13 @@ class CostPlanner:
         rates = planned_rates(level, analysis.forecast, analysis.window_end, steps, self.step_s,
                               memory.skill.trusted(), memory.skill.band())
         noise = memory.noise_cv if memory.noise_cv is not None else NOISE_PRIOR
-        capacity = capacities(memory.known, config.max_parallelism, noise, self.capacity_z if quantiles else 0.0)
+        known = memory.known
+        if memory.batch is not None:
+            # What each parallelism sustains with full batches, not at the batch sizes it was measured at.
+            batch = memory.batch
+            known = {p: m.model_copy(update={"capacity": m.capacity * batch.saturation_factor(m.records_per_task)})
+                     for p, m in known.items()}
+        capacity = capacities(known, config.max_parallelism, noise, self.capacity_z if quantiles else 0.0)
         if memory.batch is not None:
             capacity = capacity * memory.batch.efficiency
         up, down = downtimes_expected(state.downtimes, config)
