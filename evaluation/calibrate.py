@@ -34,6 +34,7 @@ from evaluation.job_models import JobModelFile, fit_scaling
 from infra.kafka import TopicReader, ensure_topic
 from pipeline.loadgen import Constant, generate_load
 from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
+from plan.batching import TaskCost
 from plan.policies.default import BatchCost, Measured, capacities
 from stack.processes import start_broker
 
@@ -85,6 +86,7 @@ class Drain:
     batch_work_s: float | None  # busy seconds per slot in one batch
     rate_cv: float | None  # report-to-report coefficient of variation of the per-slot rate
     rates: tuple[float, ...] = ()  # the per-slot rate of each report
+    tasks: tuple[tuple[float, float], ...] = ()  # each report's (records, busy seconds) per task (`task_points`)
 
     @classmethod
     def of(cls, parallelism: int, reports: list[MetricReport]) -> Drain:
@@ -102,7 +104,7 @@ class Drain:
             batch_overhead_s=max(0.0, (batch_time - batch_busy / parallelism) / batches) if batches else None,
             batch_work_s=batch_busy / (parallelism * batches) if batches else None,
             rate_cv=statistics.stdev(rates) / statistics.mean(rates) if len(rates) >= 3 else None,
-            rates=tuple(round(r, 2) for r in rates),
+            rates=tuple(round(r, 2) for r in rates), tasks=tuple(task_points(reports)),
         )
 
 
@@ -112,6 +114,7 @@ class Calibration:
     downtimes_up: list[float] = field(default_factory=list)
     downtimes_down: list[float] = field(default_factory=list)
     steady_rates: list[list[float]] = field(default_factory=list)  # per level held between restarts
+    steady_tasks: list[tuple[float, float]] = field(default_factory=list)  # `task_points` of those levels
 
 
 @contextmanager
@@ -147,15 +150,25 @@ def drain(bootstrap: str, parallelism: int, options: dict[str, str], records: in
     return Drain.of(parallelism, metrics.reports[1:-1])
 
 
+def task_points(reports: list[MetricReport]) -> list[tuple[float, float]]:
+    """Each report's records and busy seconds per task (one task per slot per micro-batch), where it
+    ran batches: the points `plan.batching.TaskCost` fits the per-task fixed cost through."""
+    return [(round(r.records_in / (r.parallelism * r.batches), 2),
+             round(r.busy_time_s / (r.parallelism * r.batches), 4))
+            for r in reports if r.batches and r.records_in > 0 and r.busy_time_s > 0]
+
+
 def slot_rates(reports: list[MetricReport]) -> list[float]:
     """Each report's DS2 per-slot rate (records per busy second), where it read records."""
     return [r.records_in / r.busy_time_s for r in reports if r.busy_time_s > 0 and r.records_in > 0]
 
 
 def restarts(bootstrap: str, low: int, high: int, options: dict[str, str], rate: float, repeat: int,
-             topic_partitions: int, warmup_s: float = 20.0) -> tuple[list[float], list[float], list[list[float]]]:
+             topic_partitions: int, warmup_s: float = 20.0
+             ) -> tuple[list[float], list[float], list[list[float]], list[tuple[float, float]]]:
     """Downtimes of `repeat` rescales low -> high and as many back, under a constant load, and the
-    per-slot rates the job reported at each level (the first report after a restart left out)."""
+    per-slot rates and task points the job reported at each level (the first report after a
+    restart left out): batches below full, beside the drains' full ones."""
     ensure_topic(bootstrap, INPUT, topic_partitions)
     stop = threading.Event()
     load = threading.Thread(target=generate_load, args=(bootstrap, INPUT, Constant(rate)),
@@ -164,6 +177,7 @@ def restarts(bootstrap: str, low: int, high: int, options: dict[str, str], rate:
     up: list[float] = []
     down: list[float] = []
     levels: list[list[float]] = []
+    tasks: list[tuple[float, float]] = []
     metrics = Metrics(bootstrap)
     with tempfile.TemporaryDirectory() as tmp:
         job = RestartFromCheckpoint(job_config(bootstrap, options, Path(tmp)))
@@ -177,6 +191,7 @@ def restarts(bootstrap: str, low: int, high: int, options: dict[str, str], rate:
                     while time.monotonic() < deadline:
                         metrics.poll(min(1.0, max(0.0, deadline - time.monotonic())))
                     levels.append(slot_rates(metrics.reports[seen + 1:]))
+                    tasks += task_points(metrics.reports[seen + 1:])
                     outcome = job.apply(target)
                     if not outcome.ok or outcome.downtime_s is None:
                         raise RuntimeError(f"the rescale to {target} failed: {outcome.errors}")
@@ -186,7 +201,7 @@ def restarts(bootstrap: str, low: int, high: int, options: dict[str, str], rate:
             load.join(30)
             job.stop()
             metrics.close()
-    return up, down, levels
+    return up, down, levels, tasks
 
 
 def calibrate(parallelisms: list[int], options: dict[str, str], *, work_s: float = 40.0, nominal_slot_rate: float,
@@ -207,7 +222,7 @@ def calibrate(parallelisms: list[int], options: dict[str, str], *, work_s: float
     low = parallelisms[0]
     high = parallelisms[1] if len(parallelisms) > 1 else low + 1
     with own_broker() as bootstrap:
-        result.downtimes_up, result.downtimes_down, result.steady_rates = restarts(
+        result.downtimes_up, result.downtimes_down, result.steady_rates, result.steady_tasks = restarts(
             bootstrap, low, high, options, 0.5 * low * nominal_slot_rate, restart_repeat, topic_partitions)
     say(f"restarts {low} -> {high}: {[round(x, 1) for x in result.downtimes_up]} s; back: "
         f"{[round(x, 1) for x in result.downtimes_down]} s; "
@@ -257,10 +272,16 @@ def model_file(result: Calibration, name: str, options: dict[str, str], work_s: 
         raise RuntimeError(f"only {len(relative)} reports to measure the rate noise from: drain more work "
                            "(--work-s) or hold each level longer")
     noise = statistics.stdev(relative) / math.sqrt(2)
+    # The fixed busy time per task: the drains' full batches against the smaller ones between restarts.
+    tasks = TaskCost()
+    for records, busy in [*(point for d in usable for point in d.tasks), *result.steady_tasks]:
+        tasks = tasks.add(records, busy)
+    fit = tasks.fit()
     return JobModelFile(
         name=name, slot_rate=round(slot_rate, 2), knee=knee, efficiency_beyond_knee=efficiency,
         batch_overhead_s=round(statistics.median(overheads), 3) if overheads else 0.0,
         batch_work_s=round(statistics.median(works), 3) if works else 5.0,
+        task_overhead_s=round(fit[0], 3) if fit else 0.0,
         downtime_up_s=round(statistics.median(result.downtimes_up), 2),
         downtime_down_s=round(statistics.median(result.downtimes_down), 2),
         rate_noise=round(noise, 4),
@@ -274,6 +295,10 @@ def model_file(result: Calibration, name: str, options: dict[str, str], work_s: 
             "downtimes_up_s": [round(x, 2) for x in result.downtimes_up],
             "downtimes_down_s": [round(x, 2) for x in result.downtimes_down],
             "steady_rates": [[round(r, 2) for r in level] for level in result.steady_rates],
+            "steady_tasks": [list(point) for point in result.steady_tasks],
+            "task_overhead_s": "least squares of busy seconds on records per task over the drains' reports (full "
+                               "batches) and those between restarts (smaller ones)" if fit else
+                               "not measured: too few reports or batch sizes too alike (0 assumed)",
             "rate_noise": "report-to-report CV of the per-slot rate (5-s reports, each relative to the mean of its "
                           "drain or of its level between restarts, pooled) / sqrt(2), for 10-s windows",
         },

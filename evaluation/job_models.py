@@ -1,7 +1,7 @@
 """Job-model files: what a job was measured to do, as the simulator replays it.
 
-`autoscaler calibrate` measures the running job (per-slot rate at each parallelism, the fixed cost
-per micro-batch, the restart time per direction, the rate noise) and writes one of these files;
+`autoscaler calibrate` measures the running job (per-slot rate at each parallelism, the fixed costs
+per micro-batch and per task, the restart time per direction, the rate noise) and writes one of these files;
 `autoscaler evaluate --job-model FILE` replays the traces with it. Without a file the evaluation uses
 the demo job's, shipped in `evaluation/models/demo.json` with the measurement behind it.
 
@@ -45,6 +45,9 @@ class JobModelFile(BaseModel):
         0.0, description="Fixed wall time per micro-batch beyond the slots' work.")
     batch_work_s: PositiveSeconds = Field(
         5.0, description="Slot-seconds of work per slot in a full micro-batch (the source's per-trigger cap).")
+    task_overhead_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = Field(
+        0.0, description="Busy seconds each task (one per slot per batch) costs beyond its records: DS2's rate "
+                         "is lower for small batches by it.")
     downtime_up_s: PositiveSeconds
     downtime_down_s: PositiveSeconds
     rate_noise: Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)] = Field(
@@ -54,12 +57,16 @@ class JobModelFile(BaseModel):
     measured: dict[str, Any] = Field(default_factory=dict, description="How, when and what was measured.")
 
     def model(self) -> JobModel:
-        operator = Operator(self.name, self.slot_rate, knee=self.knee,
+        if self.task_overhead_s >= self.batch_work_s:
+            raise JobModelError("task_overhead_s must be less than batch_work_s (a full batch's work per slot)")
+        # slot_rate is DS2's rate over full batches, task costs included: per record, a slot is faster.
+        per_record = self.slot_rate * self.batch_work_s / (self.batch_work_s - self.task_overhead_s)
+        operator = Operator(self.name, per_record, knee=self.knee,
                             efficiency_beyond_knee=self.efficiency_beyond_knee)
         return JobModel(operators=(operator,), fused=True, partitions=self.partitions,
                         checkpoint_interval_s=self.checkpoint_interval_s, downtime_up_s=self.downtime_up_s,
                         downtime_down_s=self.downtime_down_s, batch_overhead_s=self.batch_overhead_s,
-                        batch_work_s=self.batch_work_s)
+                        batch_work_s=self.batch_work_s, task_overhead_s=self.task_overhead_s)
 
 
 def load_job_model(path: str | Path | None = None) -> JobModelFile:

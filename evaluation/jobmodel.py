@@ -75,17 +75,22 @@ class JobModel:
     checkpoint_interval_s: float = 5.0
     downtime_up_s: float = 20.0
     downtime_down_s: float = 20.0
-    # Micro-batches (fused layout): each costs a fixed batch_overhead_s of wall time beyond its work,
-    # and a full batch holds batch_work_s seconds of work per slot, so a saturated job runs at
-    # batch_work_s / (batch_work_s + batch_overhead_s) of its slots' rate.
+    # Micro-batches (fused layout): each costs a fixed batch_overhead_s of wall time beyond its work;
+    # each of its tasks (one per slot) a fixed task_overhead_s of busy time beyond its records; a full
+    # batch holds batch_work_s busy seconds per slot, task cost included. A saturated job runs at
+    # (batch_work_s - task_overhead_s) / (batch_work_s + batch_overhead_s) of its slots' rate, and
+    # DS2's rate (records per busy second) is lower for small batches than for full ones.
     batch_overhead_s: float = 0.0
     batch_work_s: float = 5.0
+    task_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.operators:
             raise ValueError("a job needs at least one operator")
         if self.batch_overhead_s < 0 or self.batch_work_s <= 0:
             raise ValueError("batch overhead must be >= 0 and batch work > 0")
+        if not 0 <= self.task_overhead_s < self.batch_work_s:
+            raise ValueError("the task overhead must be >= 0 and less than a full batch's work")
 
     def reaching(self) -> list[float]:
         """Records reaching each operator per source record (the product of upstream selectivities)."""
@@ -118,7 +123,14 @@ class JobModel:
     @property
     def batch_efficiency(self) -> float:
         """The share of a saturated micro-batch's wall time its slots spend on records."""
-        return self.batch_work_s / (self.batch_work_s + self.batch_overhead_s) if self.fused else 1.0
+        if not self.fused:
+            return 1.0
+        return (self.batch_work_s - self.task_overhead_s) / (self.batch_work_s + self.batch_overhead_s)
+
+    @property
+    def batched(self) -> bool:
+        """Whether the job runs micro-batches with a fixed cost (and reports them)."""
+        return self.fused and (self.batch_overhead_s > 0 or self.task_overhead_s > 0)
 
     def downtime(self, from_p: int, to_p: int) -> float:
         return self.downtime_up_s if to_p > from_p else self.downtime_down_s
@@ -149,6 +161,7 @@ class WindowOutcome:
     running_s: float
     capacity: float
     busy_slot_s: float
+    batches: int | None = None  # micro-batches run (None for a model without them)
 
 
 def rescale(model: JobModel, state: JobState, to: int | Sequence[int], at: float) -> float:
@@ -176,8 +189,11 @@ def advance(model: JobModel, state: JobState, start: float, length_s: float, arr
     # Floating-point round-off must not leave a backlog (and so a busy time) a hair below zero.
     state.backlog = max(0.0, state.backlog + arrivals - processed)
     paid = sum(state.parallelism) if not model.fused else state.job_parallelism
+    batches = None
     if model.fused:
         busy = processed * model.slot_seconds_per_record(state.job_parallelism) / rate_factor
+        batches = micro_batches(model, running, busy / (paid * running)) if processed > 0 else None
+        busy += (batches or 0) * paid * model.task_overhead_s
     else:
         busy = sum(processed * r / (op.instance_rate(model.usable(p)) * rate_factor)
                    for op, p, r in zip(model.operators, state.parallelism, model.reaching(), strict=True))
@@ -187,21 +203,23 @@ def advance(model: JobModel, state: JobState, start: float, length_s: float, arr
     state.arrived += arrivals
     if running > 0:
         state.last_rate = processed / running
-    return WindowOutcome(processed, running, capacity, busy)
+    return WindowOutcome(processed, running, capacity, busy, batches)
 
 
-def micro_batches(model: JobModel, running_s: float, work_share: float) -> tuple[int | None, float | None]:
-    """The micro-batches a fused job with a per-batch cost runs back to back in `running_s`, its slots
-    working `work_share` of it, and their summed time; (None, None) for a model without batches.
+def micro_batches(model: JobModel, running_s: float, work_share: float) -> int | None:
+    """The micro-batches a fused job with fixed costs runs back to back in `running_s`, its slots
+    working `work_share` of it on records (task costs left out); None for a model without batches.
 
-    A batch takes its fixed cost plus the work on what arrived during the one before: d = overhead /
-    (1 - share), at most overhead + a full batch's work (saturated). The analysis then measures
-    exactly the model's overhead: (running_s - share x running_s) / (running_s / d) = overhead."""
-    if not model.fused or model.batch_overhead_s <= 0:
-        return None, None
+    A batch takes its fixed costs (the batch's and its tasks') plus the work on what arrived during
+    the one before: d = (overhead + task overhead) / (1 - share), at most overhead + a full batch's
+    work (saturated). The analysis then measures exactly the model's batch overhead: (running_s -
+    busy per slot) / (running_s / d) = d (1 - share) - task overhead = overhead."""
+    if not model.batched or running_s <= 0:
+        return None
+    fixed = model.batch_overhead_s + model.task_overhead_s
     full = model.batch_overhead_s + model.batch_work_s
-    duration = full if work_share >= 1 else min(full, model.batch_overhead_s / (1 - work_share))
-    return max(1, round(running_s / duration)), running_s
+    duration = full if work_share >= 1 else min(full, fixed / (1 - work_share))
+    return max(1, round(running_s / duration))
 
 
 def report(model: JobModel, state: JobState, job_id: str, end: float, outcome: WindowOutcome,
@@ -226,7 +244,8 @@ def report(model: JobModel, state: JobState, job_id: str, end: float, outcome: W
             ))
             previous = [op.name]
     utilization = min(1.0, outcome.busy_slot_s / (p * outcome.running_s))
-    batches, batch_time = micro_batches(model, outcome.running_s, utilization) if records else (None, None)
+    batches = outcome.batches if records else None
+    batch_time = outcome.running_s if batches else None
     return MetricReport(
         job_id=job_id, timestamp=end, interval_s=outcome.running_s, parallelism=p, records_in=records,
         records_out=round(outcome.processed * out_factor), busy_time_s=outcome.busy_slot_s,

@@ -26,7 +26,7 @@ KNOWN_WINDOWS = 30  # the batch costs average about the last this many windows (
 TASK_WINDOWS = 360  # the per-task fit remembers about an hour of windows: the job's costs are its own
 TASK_MIN_WINDOWS = 6
 TASK_MIN_SPREAD = 0.25  # the fit needs batch sizes whose coefficient of variation is at least this
-MAX_SATURATION_FACTOR = 3.0
+MAX_SATURATION_FACTOR = 5.0  # a bound for a fit gone wrong: a fifth of the full rate is a batch of a few records
 
 
 def _weight(n: int, windows: int) -> float:

@@ -142,15 +142,53 @@ def test_capacity_at_unseen_parallelisms_is_the_planners_prediction_from_the_sma
     assert unseen_capacities([drain(1, 200.0, 160.0)]) == []
 
 
-@given(share=st.floats(0.05, 1.0))
-def test_simulated_micro_batches_show_the_models_fixed_cost_per_batch(share: float) -> None:
+@given(share=st.floats(0.05, 1.0), task_s=st.sampled_from([0.0, 0.3]))
+def test_simulated_micro_batches_show_the_models_fixed_cost_per_batch(share: float, task_s: float) -> None:
     from evaluation.jobmodel import micro_batches
 
     base = {"name": "m", "slot_rate": 200.0, "downtime_up_s": 20.0, "downtime_down_s": 10.0, "rate_noise": 0.1}
-    model = JobModelFile(**base, batch_overhead_s=0.4, batch_work_s=5.0).model()
-    share = min(share, model.batch_efficiency)  # a saturated job works this share of its time
-    batches, batch_time = micro_batches(model, 600.0, share)
-    assert batches is not None and batch_time == 600.0
-    overhead = (batch_time - share * 600.0) / batches  # Analysis.batch_overhead_s's formula
+    model = JobModelFile(**base, batch_overhead_s=0.4, batch_work_s=5.0, task_overhead_s=task_s).model()
+    share = min(share, model.batch_efficiency)  # a saturated job works this share of its time on records
+    batches = micro_batches(model, 600.0, share)
+    assert batches is not None
+    busy_per_slot = share * 600.0 + batches * task_s
+    overhead = (600.0 - busy_per_slot) / batches  # Analysis.batch_overhead_s's formula
     assert overhead == pytest.approx(0.4, rel=0.02)
-    assert micro_batches(JobModelFile(**base).model(), 600.0, share) == (None, None)
+    assert micro_batches(JobModelFile(**base).model(), 600.0, share) is None
+
+
+@pytest.mark.parametrize("task_s", [0.0, 0.5])
+def test_a_task_cost_lowers_small_batch_rates_and_the_planner_sees_through_it(task_s: float) -> None:
+    """The simulated reports of a job with a per-task cost: DS2's rate falls at low load, the batch
+    overhead is measured exactly, and plan.batching's fit turns a low-load rate into the capacity."""
+    from evaluation.jobmodel import JobState, advance, report
+    from plan.batching import BatchCost
+
+    model = JobModelFile(name="m", slot_rate=200.0, downtime_up_s=20.0, downtime_down_s=10.0, rate_noise=0.0,
+                         batch_overhead_s=0.4, batch_work_s=5.0, task_overhead_s=task_s).model()
+    p = 2
+    capacity = model.capacity(p)
+    assert capacity == pytest.approx(p * 200.0 * 5.0 / 5.4, rel=1e-9)  # full batches: DS2 rate x share
+    batch, rates = None, {}
+    for load in (0.2, 0.5, 0.8, 1.2, 0.3, 0.6, 1.2, 0.4):
+        state = JobState(parallelism=[p], backlog=5000.0 if load > 1 else 0.0)
+        outcome = advance(model, state, 0.0, 60.0, load * capacity)
+        r = report(model, state, "j", 60.0, outcome, load * capacity)
+        assert r is not None and r.batches
+        overhead = (r.batch_time_s - r.busy_time_s / p) / r.batches
+        assert overhead == pytest.approx(0.4, rel=0.05)
+        work, records = r.busy_time_s / (p * r.batches), r.records_in / (p * r.batches)
+        rates[load] = r.records_in / r.busy_time_s
+        batch = BatchCost.first(overhead, work, load > 1, records) if batch is None else \
+            batch.add(overhead, work, load > 1, records)
+    assert batch is not None
+    if task_s == 0:
+        assert rates[0.2] == pytest.approx(rates[1.2], rel=1e-3)  # records are whole
+        return
+    assert rates[0.2] < 0.8 * rates[1.2]
+    low = JobState(parallelism=[p])
+    outcome = advance(model, low, 0.0, 60.0, 0.2 * capacity)
+    r = report(model, low, "j", 60.0, outcome, 0.2 * capacity)
+    assert r is not None and r.batches
+    seen = p * r.records_in / r.busy_time_s * batch.saturation_factor(r.records_in / (p * r.batches))
+    assert seen * batch.efficiency == pytest.approx(capacity, rel=0.03)
