@@ -108,8 +108,33 @@ def compare(console: Console, out: dict[str, Any], settings: EvalSettings) -> di
     drift = drift_summary(out.get("windows") or [], trace.rates)
     if drift:
         console.print_json(json.dumps(drift))
+    recoveries = recovery_errors(out.get("recoveries") or [])
+    console.print(f"recoveries: {recoveries['predicted']} of {recoveries['recoveries']} predicted; median error "
+                  f"{recoveries['median_error']} of the observed time (on the detector's {WINDOW_S:g}-s grid)")
     return out | {"job_model": settings.job().name, "simulated": runs, "simulated_median": medians,
-                  "relative_difference": differences, "drift": drift}
+                  "relative_difference": differences, "drift": drift, "recovery_errors": recoveries}
+
+
+def recovery_errors(recoveries: list[dict[str, Any]], window_s: float = WINDOW_S) -> dict[str, Any]:
+    """Each observed recovery against the recovery time predicted when its rescale was decided.
+
+    The detector observes at window ends, from the last window before the stop: it sees a recovery at
+    the first window end after it. So the prediction is also read on that grid (`aligned_s`: rounded up
+    to whole windows) beside the raw one. `median_error` is the median of |aligned - observed| /
+    observed over the recoveries that had a prediction."""
+    rows, ratios = [], []
+    for r in recoveries:
+        predicted, observed = r.get("predicted_s"), r.get("observed_s")
+        if predicted is None or not observed:
+            rows.append(r | {"aligned_s": None, "relative_error": None})
+            continue
+        aligned = window_s * math.ceil(predicted / window_s - 1e-9)
+        ratio = abs(aligned - observed) / observed
+        ratios.append(ratio)
+        rows.append(r | {"aligned_s": aligned, "relative_error": round(ratio, 3)})
+    return {"recoveries": len(recoveries), "predicted": len(ratios), "window_s": window_s,
+            "median_error": round(float(np.median(ratios)), 3) if ratios else None,
+            "max_error": round(max(ratios), 3) if ratios else None, "rows": rows}
 
 
 def drift_summary(windows: list[dict[str, Any]], rates: np.ndarray, span_s: float = 600.0,
@@ -211,25 +236,38 @@ def run_live_evaluation(console: Console, trace_name: str, policy: str, settings
 
 
 def main(
-    result: Annotated[Path, typer.Argument(help="A JSON file written by `autoscaler evaluate --live`.")],
+    results: Annotated[list[Path], typer.Argument(help="JSON files written by `autoscaler evaluate --live`.")],
     job_model: Annotated[Path | None, typer.Option(help="A job-model file; default the demo job's.")] = None,
     seeds: Annotated[int, typer.Option(min=1)] = 5,
     max_parallelism: Annotated[int, typer.Option(help="If the result does not say.")] = 4,
     backlog_target_s: Annotated[float, typer.Option()] = 60.0,
     out: Annotated[Path | None, typer.Option(help="Where the comparison goes; default beside RESULT.")] = None,
 ) -> None:
-    """Compare a recorded live run against the simulation of its replay under another job model
-    (`python -m evaluation.live RESULT --job-model FILE`): no need to run it live again."""
-    recorded = json.loads(result.read_text())
-    if "peak_backlog" not in recorded["live"]:  # recorded before it was measured
-        recorded["live"]["peak_backlog"] = float(max((w.get("backlog") or 0) for w in recorded["windows"]))
-    settings = EvalSettings(peak=recorded["peak"], max_parallelism=recorded.get("max_parallelism", max_parallelism),
-                            seeds=seeds,
-                            backlog_target_s=backlog_target_s, job_model=str(job_model) if job_model else None)
-    compared = compare(Console(width=150), recorded, settings)
-    target = out or result.with_name(f"{result.stem}-vs-{settings.job().name}.json")
-    target.write_text(json.dumps(compared, indent=1))
-    print(f"wrote {target}")
+    """Compare recorded live runs against the simulation of their replay under another job model
+    (`python -m evaluation.live RESULT... --job-model FILE`): no need to run them live again. With
+    several, their recoveries are also pooled."""
+    console = Console(width=150)
+    pooled: list[dict[str, Any]] = []
+    for result in results:
+        recorded = json.loads(result.read_text())
+        if "peak_backlog" not in recorded["live"]:  # recorded before it was measured
+            recorded["live"]["peak_backlog"] = float(max((w.get("backlog") or 0) for w in recorded["windows"]))
+        settings = EvalSettings(peak=recorded["peak"], max_parallelism=recorded.get("max_parallelism", max_parallelism),
+                                seeds=seeds, backlog_target_s=backlog_target_s,
+                                job_model=str(job_model) if job_model else None)
+        compared = compare(console, recorded, settings)
+        target = (out if out and len(results) == 1 else None) or \
+            result.with_name(f"{result.stem}-vs-{settings.job().name}.json")
+        target.write_text(json.dumps(compared, indent=1))
+        print(f"wrote {target}")
+        pooled += [r | {"run": result.stem} for r in compared["recovery_errors"]["rows"]]
+    if len(results) > 1:
+        summary = recovery_errors(pooled)
+        console.print(f"all runs: {summary['predicted']} of {summary['recoveries']} recoveries predicted; median error "
+                      f"{summary['median_error']}, worst {summary['max_error']} of the observed time")
+        for row in summary["rows"]:
+            console.print(f"  {row['run']}: {row['from']} -> {row['to']}: observed {row['observed_s']} s, predicted "
+                          f"{row['predicted_s']} s (on the grid {row['aligned_s']} s)")
 
 
 if __name__ == "__main__":
