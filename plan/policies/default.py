@@ -10,9 +10,9 @@ plans with, each an estimate on the safe side:
 - capacity: the DS2 true rate measured at each parallelism the job ran at (records per busy second
   per slot, averaged; `known`), extrapolated to the others along a power law fitted through them
   (exponent at most 1: slots never add more than linearly), less its measured noise; for a micro-batch
-  job, as a saturated job runs: full batches (DS2's rate falls at small batches, which a fixed cost
-  per task explains) and the share of a full batch its slots spend on records (`plan.batching`: a
-  fixed cost per batch and per task plus the work per record, measured online);
+  job, as a saturated job runs (`plan.batching`): each window's rate raised to the one full batches
+  show (DS2's rate falls at small batches: a task has a fixed cost), times the share of a full batch
+  its slots spend on records (a fixed cost per batch), all measured online;
 - actions: the measured restart time of each direction (the plan state's downtimes), the replay
   since the last checkpoint (half a checkpoint interval of arrivals), and a penalty per action.
 
@@ -73,15 +73,11 @@ class Measured(BaseModel):
 
     capacity: float
     n: int = 1
-    records_per_task: float | None = None  # the windows' mean batch size (records per slot per batch)
 
-    def add(self, value: float, records_per_task: float | None = None) -> Measured:
+    def add(self, value: float) -> Measured:
         n = self.n + 1
         weight = max(1 / n, 1 / KNOWN_WINDOWS)
-        size = self.records_per_task
-        if records_per_task is not None:
-            size = records_per_task if size is None else (1 - weight) * size + weight * records_per_task
-        return Measured(capacity=(1 - weight) * self.capacity + weight * value, n=n, records_per_task=size)
+        return Measured(capacity=(1 - weight) * self.capacity + weight * value, n=n)
 
     @property
     def effective(self) -> int:
@@ -246,19 +242,21 @@ class CostPlanner:
             return memory
         slot = memory.slot if memory.slot is not None and memory.slot.parallelism == p else SlotStats(parallelism=p)
         slot = slot.add(rate)
-        known = dict(memory.known)
-        previous = known.get(str(p))
+        batch = memory.batch
         # Records per slot per micro-batch: DS2's rate depends on it (`plan.batching`).
         size = analysis.batch_work_s * rate if analysis.batch_work_s else None
-        known[str(p)] = (Measured(capacity=p * rate, records_per_task=size) if previous is None
-                         else previous.add(p * rate, size))
-        batch = memory.batch
         if analysis.batch_overhead_s is not None:
             # Batches are full while the backlog holds more than a full batch's records.
             full = (analysis.backlog or 0) > SATURATED_BACKLOG_S * (analysis.arrival_rate or 0.0) > 0
             work = analysis.batch_work_s
             batch = (BatchCost.first(analysis.batch_overhead_s, work, full, size) if batch is None
                      else batch.add(analysis.batch_overhead_s, work, full, size))
+        # Each window's rate as full batches would show it (the mean of rates measured at varied batch
+        # sizes is not the rate at their mean size: corrected one by one).
+        capacity = p * rate * (batch.saturation_factor(size) if batch is not None else 1.0)
+        known = dict(memory.known)
+        previous = known.get(str(p))
+        known[str(p)] = Measured(capacity=capacity) if previous is None else previous.add(capacity)
         return memory.model_copy(update={"slot": slot, "known": known, "batch": batch,
                                          "noise_cv": slot.cv if slot.cv is not None else memory.noise_cv})
 
@@ -273,13 +271,7 @@ class CostPlanner:
         rates = planned_rates(level, analysis.forecast, analysis.window_end, steps, self.step_s,
                               memory.skill.trusted(), memory.skill.band())
         noise = memory.noise_cv if memory.noise_cv is not None else NOISE_PRIOR
-        known = memory.known
-        if memory.batch is not None:
-            # What each parallelism sustains with full batches, not at the batch sizes it was measured at.
-            batch = memory.batch
-            known = {p: m.model_copy(update={"capacity": m.capacity * batch.saturation_factor(m.records_per_task)})
-                     for p, m in known.items()}
-        capacity = capacities(known, config.max_parallelism, noise, self.capacity_z if quantiles else 0.0)
+        capacity = capacities(memory.known, config.max_parallelism, noise, self.capacity_z if quantiles else 0.0)
         if memory.batch is not None:
             capacity = capacity * memory.batch.efficiency
         up, down = downtimes_expected(state.downtimes, config)
