@@ -62,13 +62,15 @@ def live_measures(run: LiveRun, backlog_target_s: float, initial_parallelism: in
             "peak_backlog": float(max(a.backlog or 0 for a in windows)),
             "lag_max_s": float(lags.max()), "actions": len(run.of(EventType.COMPLETED)),
             "failed": len(run.of(EventType.FAILED)), "windows": len(windows), "span_s": end - begin,
+            "start_s": round(begin - run.started, 1),
             "downtimes_s": [e.downtime_s for e in run.of(EventType.COMPLETED)]}
 
 
 def simulated_replay(trace_name: str, policy: str, settings: EvalSettings, minutes: float,
-                     trace_hours: float) -> tuple[Trace, list[dict[str, Any]]]:
+                     trace_hours: float, start_s: float = 0.0) -> tuple[Trace, list[dict[str, Any]]]:
     """The simulator's runs of the replay `run_live_evaluation` sends to the real job, one per noise
-    seed of the settings (the job model's rate noise)."""
+    seed of the settings (the job model's rate noise). The live job starts `start_s` after its load
+    (Spark's start-up: its first window begins then): so does the simulated one."""
     replay_s = minutes * 60
     rows = math.ceil(trace_hours * 3600 / NATIVE_ROW_SECONDS[trace_name])
     # The load generator maps the trace's min..max onto LOW_FRACTION x peak..peak: so does this replay.
@@ -82,16 +84,28 @@ def simulated_replay(trace_name: str, policy: str, settings: EvalSettings, minut
     runs = []
     for seed in range(settings.first_seed, settings.first_seed + settings.seeds):
         run = simulate(trace, model, PolicyRunner(make_policy(policy), config), config, 1, settings.backlog_target_s,
-                       forecasts, seed=seed, rate_noise=settings.noise)
+                       forecasts, seed=seed, rate_noise=settings.noise, start_s=start_s)
         runs.append(run.summary() | {"seed": seed})
     return trace, runs
+
+
+def live_start_s(out: dict[str, Any]) -> float:
+    """Seconds from the load's start to the live job's first window's start (recorded as `start_s`;
+    for runs recorded before, read from the timeline's first window)."""
+    if out["live"].get("start_s") is not None:
+        return float(out["live"]["start_s"])
+    for line in (out.get("timeline") or "").splitlines():
+        if " window " in line:
+            return max(0.0, float(line.split()[0]) - WINDOW_S)
+    return 0.0
 
 
 def compare(console: Console, out: dict[str, Any], settings: EvalSettings) -> dict[str, Any]:
     """The recorded live run `out` against the simulation of its replay under `settings`' job model:
     prints the table and returns `out` with the simulated runs, their medians and the differences."""
-    trace, runs = simulated_replay(out["trace"], out["policy"], settings, out["minutes"], out["trace_hours"])
     live = out["live"]
+    trace, runs = simulated_replay(out["trace"], out["policy"], settings, out["minutes"], out["trace_hours"],
+                                   start_s=live_start_s(out))
     table = Table(title=f"{trace.description}: live against simulated (policy {out['policy']}, job model "
                         f"{settings.job().name}, {len(runs)} noise seeds)", title_justify="left")
     for column in ("measure", "live", "simulated median", "simulated range", "difference"):

@@ -75,6 +75,18 @@ def test_too_few_slots_grow_the_backlog_linearly() -> None:
     assert result.beyond_target_s == 0 and result.lag_max_s == pytest.approx(40.0)
 
 
+def test_a_job_started_after_its_load_finds_a_backlog_and_pays_from_its_start() -> None:
+    script = Script()
+    result = simulate(trace(1000.0, windows=30), model(), script, CONFIG, 12, backlog_target_s=60.0,  # type: ignore[arg-type]
+                      rate_noise=0.0, start_s=25.0)
+    # 25 s of arrivals wait (10-s windows); then 1,200/s drain them at 200/s net.
+    assert np.allclose(result.timeline.backlog[:4], [10_000, 20_000, 24_000, 22_000])
+    assert result.timeline.backlog[-1] == 0 and result.records_arrived == 300_000
+    assert result.slot_seconds == pytest.approx(12 * (300 - 25))
+    assert script.calls[0][0] == 30.0  # the first window with a report: the one the job started in
+    assert result.lag_max_s == pytest.approx(24.0)  # from the window the job started in
+
+
 def test_a_restart_stops_processing_for_exactly_the_downtime_and_pays_the_new_slots() -> None:
     # Both reports of a window fall in it: the decision on the window labelled 100 s is taken at 100 s.
     policy = Script({100.0: 15})
