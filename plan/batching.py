@@ -29,7 +29,7 @@ TASK_MIN_SPREAD = 0.25  # the fit needs batch sizes whose coefficient of variati
 MAX_SATURATION_FACTOR = 5.0  # a bound for a fit gone wrong: a fifth of the full rate is a batch of a few records
 
 
-def _weight(n: int, windows: int) -> float:
+def running_weight(n: int, windows: int) -> float:
     """A running mean's weight for the n-th point, then an exponential one's (1 / windows)."""
     return max(1 / n, 1 / windows)
 
@@ -51,7 +51,7 @@ class TaskCost(BaseModel):
         if not (records > 0 and busy_s > 0):
             return self
         n = self.n + 1
-        a = _weight(n, TASK_WINDOWS)
+        a = running_weight(n, TASK_WINDOWS)
         dx, dy = records - self.mean_x, busy_s - self.mean_y
         return TaskCost(n=n, mean_x=self.mean_x + a * dx, mean_y=self.mean_y + a * dy,
                         var_x=(1 - a) * (self.var_x + a * dx * dx), cov_xy=(1 - a) * (self.cov_xy + a * dx * dy))
@@ -86,11 +86,11 @@ class BatchCost(BaseModel):
         """One window: its batch overhead, its busy seconds per slot per batch (`work_s`), whether its
         batches were full, and its records per slot per batch."""
         n = self.n + 1
-        weight = _weight(n, KNOWN_WINDOWS)
+        weight = running_weight(n, KNOWN_WINDOWS)
         update: dict[str, Any] = {"overhead_s": (1 - weight) * self.overhead_s + weight * overhead_s, "n": n}
         if full and work_s is not None:
             full_n = self.full_n + 1
-            w = _weight(full_n, KNOWN_WINDOWS)
+            w = running_weight(full_n, KNOWN_WINDOWS)
             update |= {"full_n": full_n,
                        "full_work_s": work_s if self.full_work_s is None else (1 - w) * self.full_work_s + w * work_s}
         if work_s is not None and records is not None:

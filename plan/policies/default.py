@@ -42,7 +42,7 @@ from contracts.jobs import JobConfig
 from contracts.messages import Action, Analysis, DecisionReason, ForecastView
 from contracts.periods import excluded_at, parse_periods
 from contracts.plan_state import PlanState
-from plan.batching import KNOWN_WINDOWS, BatchCost
+from plan.batching import KNOWN_WINDOWS, BatchCost, running_weight
 from plan.controls import bounded_step, heading_beyond_target
 from plan.cost_plan import PlanProblem, Schedule, describe, solve
 from plan.forecast_skill import ForecastSkill, note
@@ -76,7 +76,7 @@ class Measured(BaseModel):
 
     def add(self, value: float) -> Measured:
         n = self.n + 1
-        weight = max(1 / n, 1 / KNOWN_WINDOWS)
+        weight = running_weight(n, KNOWN_WINDOWS)
         return Measured(capacity=(1 - weight) * self.capacity + weight * value, n=n)
 
     @property
