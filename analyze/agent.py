@@ -15,7 +15,7 @@ from contracts import metrics
 from contracts.dead_letters import Rejection, dead_letter
 from contracts.messages import MetricWindow
 from contracts.settings import Settings
-from contracts.stage import Incoming, Publish, Subscription, Timer
+from contracts.stage import JOB_BATCH_MAX, JOB_BATCH_WITHIN_S, Incoming, Publish, Subscription, Timer, per_key
 from knowledge import Knowledge
 
 log = logging.getLogger("autoscaler.analyze")
@@ -34,7 +34,7 @@ class AnalyzeAgent:
         self.forecasting = Forecasting(knowledge)
 
     def subscriptions(self) -> list[Subscription]:
-        return [Subscription("analyze", "windows", self.process)]
+        return [Subscription("analyze", "windows", self.process, JOB_BATCH_MAX, JOB_BATCH_WITHIN_S)]
 
     def timers(self) -> list[Timer]:
         return []
@@ -46,8 +46,7 @@ class AnalyzeAgent:
         self.forecasting.close()
 
     async def process(self, records: list[Incoming]) -> None:
-        for record in records:
-            await self.analyze(record.value or b"")
+        await per_key(records, lambda record: self.analyze(record.value or b""))
 
     async def analyze(self, value: bytes) -> None:
         knowledge, forecasting = self.knowledge, self.forecasting

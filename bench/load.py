@@ -59,6 +59,8 @@ class LoadResult:
     reports_sent: int
     samples: list[Sample] = field(default_factory=list)
     drain_s: float | None = None
+    # After the load stops, each second: (seconds since, lag per topic, decisions so far): where a drain waits.
+    drain_trace: list[tuple[float, dict[str, int], int]] = field(default_factory=list)
     decisions: int = 0
     windows_expected: int = 0
     decision_latency_p99_s: float | None = None
@@ -218,7 +220,11 @@ def run(
         producer.flush(60)
         stopped = time.time()
         while time.time() - stopped < 300:
-            if sum(probe.lag().values()) == 0:
+            left = probe.lag()
+            decided = int(sum(counter_total(prometheus_lines(port), "autoscaler_decisions_total") for port in ports))
+            result.drain_trace.append((round(time.time() - stopped, 1),
+                                       {k.rsplit(".", 1)[-1]: v for k, v in left.items()}, decided))
+            if sum(left.values()) == 0:
                 result.drain_s = time.time() - stopped
                 break
             time.sleep(1.0)

@@ -9,7 +9,7 @@ import time
 from contracts import metrics
 from contracts.messages import Action, Analysis
 from contracts.settings import Settings
-from contracts.stage import Incoming, Publish, Subscription, Timer
+from contracts.stage import JOB_BATCH_MAX, JOB_BATCH_WITHIN_S, Incoming, Publish, Subscription, Timer, per_key
 from knowledge import Knowledge
 from plan.step import decide, to_decision, with_quota
 
@@ -28,7 +28,7 @@ class PlanAgent:
         self.publish = publish
 
     def subscriptions(self) -> list[Subscription]:
-        return [Subscription("plan", "analyses", self.process)]
+        return [Subscription("plan", "analyses", self.process, JOB_BATCH_MAX, JOB_BATCH_WITHIN_S)]
 
     def timers(self) -> list[Timer]:
         return []
@@ -40,8 +40,7 @@ class PlanAgent:
         return None
 
     async def process(self, records: list[Incoming]) -> None:
-        for record in records:
-            await self.plan(record.value or b"")
+        await per_key(records, lambda record: self.plan(record.value or b""))
 
     async def plan(self, value: bytes) -> None:
         knowledge = self.knowledge

@@ -23,10 +23,10 @@ def test_a_thousand_jobs_reporting_every_second_are_kept_up_with_in_bounded_memo
     print(f"\nload: {summary}")
     assert result.behind_s < 2.0, "the load generator itself fell behind: the figures would mean nothing"
     # Kept up: never more than 5 s of reports waiting, and nothing left soon after the load stops.
-    assert result.max_lag <= 5 * 1000, [s.lag for s in result.samples]
+    assert result.max_lag <= 5 * 1000, [(s.at_s, s.lag_by_topic) for s in result.samples]
     # The backlog drains once the load stops. How fast is a speed goal, measured by `python -m bench.load`
     # (docs/reliability.md), not asserted here: from 4 s to 42 s across runs on this machine.
-    assert result.drain_s is not None and result.drain_s <= 120
+    assert result.drain_s is not None and result.drain_s <= 120, result.drain_trace
     # Nothing lost: one decision for every window the reports closed.
     assert result.decisions == result.windows_expected
     # Bounded: once every job's histories are full (its 11th decision: metric windows, analyses and
