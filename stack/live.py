@@ -19,7 +19,7 @@ from contracts.messages import Analysis, EventType, ScalingDecision, ScalingEven
 from contracts.settings import Settings
 from infra.kafka import ensure_topics, group_consumer_config
 from stack.processes import stop_pid
-from stack.services import register_jobs, start_agents, start_job_runner, start_load
+from stack.services import register_jobs, start_agents, start_job_runner, start_load, wait_until_running
 
 JOB = "demo"
 
@@ -79,6 +79,8 @@ def run_live(
     runner = start_job_runner(settings, job, workdir / "job", workdir / "runner.log", max_parallelism=max_parallelism,
                               options={"cost_ms": str(cost_ms), "input_topic": input_topic,
                                        "output_topic": output_topic})
+    # The load comes to a running job, as it would to a job in production (whose start-up is not scaled).
+    wait_until_running(runner, workdir / "runner.log")
     load = start_load(settings, input_topic, workdir / "load.log", load_args)
     result = LiveRun(started=time.time())
     parsers = {settings.topics.analyses: (Analysis, result.analyses),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,19 @@ def start_job_runner(
     for key, value in (options or {}).items():
         argv += ["--option", f"{key}={value}"]
     return spawn("runner", [*argv, *(args or [])], log_path, {**settings_env(settings), **(env or {})})
+
+
+def wait_until_running(runner: Popen[bytes], log_path: Path, timeout: float = 120.0) -> float:
+    """Wait until the job runner's log says the job runs (Spark's start-up takes 20-40 s here); the
+    seconds waited. A load that starts before would meet a backlog of Spark's start-up, not its own."""
+    began = time.monotonic()
+    while "runs at parallelism" not in (log_path.read_text() if log_path.exists() else ""):
+        if runner.poll() is not None:
+            raise RuntimeError(f"the job runner exited ({runner.returncode}) before the job ran; see {log_path}")
+        if time.monotonic() - began > timeout:
+            raise TimeoutError(f"the job did not start within {timeout:.0f} s; see {log_path}")
+        time.sleep(0.5)
+    return time.monotonic() - began
 
 
 def start_load(

@@ -17,7 +17,7 @@ from contracts.messages import Analysis, EventType, ScalingDecision, ScalingEven
 from contracts.settings import Settings
 from infra.kafka import TopicReader, ensure_topics
 from stack.processes import stop_pid
-from stack.services import start_agents, start_job_runner, start_load
+from stack.services import start_agents, start_job_runner, start_load, wait_until_running
 from tests.integration.kafka_helpers import Collector
 from tests.integration.test_agents import register
 
@@ -42,11 +42,7 @@ def test_demo_job_scales_out_in_one_step_keeps_up_scales_in_and_loses_nothing(
                               options={"cost_ms": "4", "input_topic": input_topic, "output_topic": output_topic})
     # The step comes to a running job: Spark's start-up (20-40 s) would otherwise leave a backlog of its
     # own that the first decision must also drain, and this test is about the step.
-    started_by = time.monotonic() + 120
-    while "runs at parallelism" not in (tmp_path / "runner.log").read_text() if (tmp_path / "runner.log").exists() \
-            else True:
-        assert time.monotonic() < started_by, "the job did not start within 120 s"
-        time.sleep(0.5)
+    wait_until_running(runner, tmp_path / "runner.log")
     load = start_load(settings, input_topic, tmp_path / "load.log",
                       ["--shape", f"steps:{HIGH_RATE}:{HIGH_SECONDS},{LOW_RATE}:{LOW_SECONDS}"])
     load_started = time.time()
