@@ -181,10 +181,11 @@ def drift_summary(windows: list[dict[str, Any]], rates: np.ndarray, span_s: floa
         return [w for w in rows if begin < w["window_end"] <= stop and w["valid"] and w["utilization"] > 0]
 
     def span(begin: float, stop: float) -> dict[str, Any]:
-        idx = [i for i, w in enumerate(rows) if begin < w["window_end"] <= stop]
+        # Like with like: only windows the replay has a row for (not the last one, after the load ended).
+        idx = [i for i, w in enumerate(rows) if begin < w["window_end"] <= stop and 0 <= i - shift < len(rates)]
         used = measured(begin, stop)
         overheads = [w["batch_overhead_s"] for w in used if w["batch_overhead_s"] is not None]
-        replayed = [rates[i - shift] for i in idx if 0 <= i - shift < len(rates)]
+        replayed = [rates[i - shift] for i in idx]
         produced = sum(rows[i]["arrival_rate"] for i in idx) * WINDOW_S
         return {"from_s": round(begin - t0), "to_s": round(stop - t0), "windows": len(idx),
                 "slot_rate": round(float(np.median([w["true_processing_rate"] for w in used])), 1) if used else None,

@@ -234,6 +234,11 @@ def test_a_long_live_runs_drift_compares_its_first_and_last_spans() -> None:
     assert drift_summary(windows, rates)["slot_rate_change"] == pytest.approx(0.0, abs=0.03)
     assert (drift["first"]["from_s"], drift["first"]["to_s"], drift["last"]["windows"]) == (120, 720, 60)
     assert drift_summary(windows[:100], rates) == {}  # shorter than two spans and the warm-up
+    # A window after the replay's end (the load stopped during it) has no replay row: it is left out
+    # of both counts, not added to the produced ones.
+    after_end = [*windows, {**windows[-1], "window_end": windows[-1]["window_end"] + 10, "arrival_rate": 99.0}]
+    last = drift_summary(after_end, rates[:n + 2])["last"]
+    assert last["produced_vs_replayed"] == pytest.approx(-0.05, abs=1e-9) and last["windows"] == 59
 
 
 def test_live_benchmarks_get_topics_of_their_own() -> None:
