@@ -221,9 +221,7 @@ def run(
         stopped = time.time()
         while time.time() - stopped < 300:
             left = probe.lag()
-            decided = int(sum(counter_total(prometheus_lines(port), "autoscaler_decisions_total") for port in ports))
-            result.drain_trace.append((round(time.time() - stopped, 1),
-                                       {k.rsplit(".", 1)[-1]: v for k, v in left.items()}, decided))
+            result.drain_trace.append((round(time.time() - stopped, 1), short_topics(left), decisions_made(ports)))
             if sum(left.values()) == 0:
                 result.drain_s = time.time() - stopped
                 break
@@ -247,16 +245,25 @@ def run(
     return result
 
 
+def decisions_made(ports: list[int]) -> int:
+    """Decisions the workers on `ports` have made so far (their Prometheus counters)."""
+    return int(sum(counter_total(prometheus_lines(port), "autoscaler_decisions_total") for port in ports))
+
+
+def short_topics(by_topic: dict[str, int]) -> dict[str, int]:
+    """Lag per topic by its short name (`metrics`, `windows`, `analyses`)."""
+    return {k.rsplit(".", 1)[-1]: v for k, v in by_topic.items()}
+
+
 def take_sample(second: int, sent: int, probe: LagProbe, processes: list, store: redis.Redis,  # type: ignore[type-arg]
                 ports: list[int]) -> Sample:
     by_topic = probe.lag()
-    decisions = int(sum(counter_total(prometheus_lines(port), "autoscaler_decisions_total") for port in ports))
     return Sample(
         at_s=float(second), reports_sent=sent, lag=sum(by_topic.values()),
-        lag_by_topic={k.rsplit(".", 1)[-1]: v for k, v in by_topic.items()},
+        lag_by_topic=short_topics(by_topic),
         worker_rss_mb=[round(rss_mb(p.pid), 1) for p in processes],
         redis_used_mb=round(int(store.info("memory")["used_memory"]) / 2**20, 1),
-        decisions=decisions,
+        decisions=decisions_made(ports),
     )
 
 
