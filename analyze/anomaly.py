@@ -12,14 +12,18 @@ recovery time is that time minus the rescale's start. With k = 1 about a third o
 fall outside the band, so a single normal point would end a recovery too early, and one outside
 point within a streak restarts it.
 
-When the backlog is reported, a normal point must also have drained it to at most
-`backlog_tolerance_s` seconds of arrivals: a job that only keeps pace with its arrivals after a
-restart (lag rate in the band) while a large backlog stays is not back to normal.
+When the backlog is reported, it says directly what the lag rate only hints at: a point is normal
+when the backlog is back within `backlog_tolerance_s` seconds of arrivals (Daedalus's "caught up",
+with the tolerance the scale-down control and the recovery prediction use). A job that only keeps
+pace while a large backlog stays is not back to normal; a job at its capacity whose small backlog
+swings (its lag rate outside a band learned at lower load) is. The return is then timed between
+window ends: the backlog's excess over the tolerance is interpolated linearly between the last point
+above it and the first within it, so the observed time is not rounded to the window grid (when the
+first point after the start is already within the tolerance, its time is the end).
 
-Until `min_normal_samples` normal points have been seen there is no band to judge by; then a
-point is normal when the backlog is at most `backlog_tolerance_s` seconds of arrivals, or, when
-the backlog is unknown, when the throughput keeps up (lag rate <= 0). Without the backlog that
-fallback can end a recovery at the start of the catch-up; report the backlog.
+Without the backlog, a point is judged by the lag rate: within the band (statistical), or, until
+`min_normal_samples` normal points have been seen, keeping up (lag rate <= 0: a fallback that can
+end a recovery at the start of the catch-up; report the backlog).
 
 All state is plain data (`to_dict`/`from_dict`), so the detector can live in Redis between windows.
 """
@@ -48,6 +52,7 @@ class RecoveryDetector:
     streak: int = 0
     streak_start: float | None = None
     last_recovery_s: float | None = None
+    last_excess: tuple[float, float] | None = None  # (time, backlog beyond the tolerance) of the last point
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.k) and self.k > 0):
@@ -71,18 +76,24 @@ class RecoveryDetector:
         """A rescale (or failure) stopped processing at `at`. A recovery still open is dropped:
         the new restart begins a new one."""
         self.recovery_start = float(at)
-        self.streak, self.streak_start = 0, None
+        self.streak, self.streak_start, self.last_excess = 0, None, None
 
     def is_normal(self, arrival_rate: float, throughput: float, backlog: float | None = None) -> bool:
-        lag_rate = arrival_rate - throughput
-        drained = backlog is None or backlog <= arrival_rate * self.backlog_tolerance_s
-        if self.judge == "statistical":
-            band = self.k * max(self.normal.std(sample=True), self.min_std)
-            # A job that keeps pace but never works off its backlog is not back to normal.
-            return abs(lag_rate - self.normal.mean) <= band and drained
         if backlog is not None:
-            return drained
+            return backlog <= arrival_rate * self.backlog_tolerance_s
+        lag_rate = arrival_rate - throughput
+        if self.judge == "statistical":
+            return abs(lag_rate - self.normal.mean) <= self.k * max(self.normal.std(sample=True), self.min_std)
         return lag_rate <= 0
+
+    def _back_to_normal(self, at: float, arrival_rate: float, backlog: float | None) -> float:
+        """When the job got back to normal, given that the point at `at` is normal: where the backlog's
+        excess over the tolerance crossed zero since the last point (linear), else `at`."""
+        if backlog is None or self.last_excess is None or self.last_excess[1] <= 0:
+            return at
+        t0, e0 = self.last_excess
+        e1 = backlog - arrival_rate * self.backlog_tolerance_s
+        return t0 + (at - t0) * e0 / (e0 - e1) if e0 > e1 else at
 
     def observe(self, at: float, arrival_rate: float, throughput: float, backlog: float | None = None) -> float | None:
         """One point (rates in records/s, backlog in records). Returns the observed recovery time
@@ -100,18 +111,21 @@ class RecoveryDetector:
             return None
         if at < self.recovery_start:
             return None
-        if not self.is_normal(arrival_rate, throughput, backlog):
+        normal = self.is_normal(arrival_rate, throughput, backlog)
+        if normal and self.streak == 0:
+            self.streak_start = self._back_to_normal(at, arrival_rate, backlog)
+        if backlog is not None:
+            self.last_excess = (at, backlog - arrival_rate * self.backlog_tolerance_s)
+        if not normal:
             self.streak, self.streak_start = 0, None
             return None
-        if self.streak == 0:
-            self.streak_start = at
         self.streak += 1
         if self.streak < self.sustain:
             return None
         back_to_normal = at if self.streak_start is None else self.streak_start
         recovery = back_to_normal - self.recovery_start
         self.last_recovery_s = recovery
-        self.recovery_start, self.streak, self.streak_start = None, 0, None
+        self.recovery_start, self.streak, self.streak_start, self.last_excess = None, 0, None, None
         return recovery
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,6 +134,7 @@ class RecoveryDetector:
             "backlog_tolerance_s": self.backlog_tolerance_s, "min_std": self.min_std,
             "normal": self.normal.to_dict(), "recovery_start": self.recovery_start,
             "streak": self.streak, "streak_start": self.streak_start, "last_recovery_s": self.last_recovery_s,
+            "last_excess": None if self.last_excess is None else list(self.last_excess),
         }
 
     @classmethod
@@ -133,4 +148,7 @@ class RecoveryDetector:
             normal=Moments.from_dict(data["normal"]), recovery_start=optional("recovery_start"),
             streak=int(data["streak"]), streak_start=optional("streak_start"),
             last_recovery_s=optional("last_recovery_s"),
+            # Absent in a detector stored before the interpolated end: no last point then.
+            last_excess=None if data.get("last_excess") is None else (float(data["last_excess"][0]),
+                                                                       float(data["last_excess"][1])),
         )

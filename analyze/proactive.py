@@ -87,7 +87,8 @@ def learn(
     capacity = capacity_view(learned.capacity, window, analysis)
 
     recovery = None
-    if window.source is not None and not window.parallelism_changed:
+    # A window spanning the restart counts when it reports the backlog: by its end the job caught up or not.
+    if window.source is not None and (not window.parallelism_changed or window.source.backlog is not None):
         started_at = learned.detector.recovery_start
         observed = learned.detector.observe(window.window_end, window.source.arrival_rate, _throughput(window),
                                             window.source.backlog)

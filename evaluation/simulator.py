@@ -55,6 +55,8 @@ class PolicyRunner:
         self.job_id = job_id
         self.knowledge = MemoryKnowledge(Settings())
         self.reasons: Counter[str] = Counter()
+        # Each observed recovery beside its prediction, as execute publishes them (`recovered` events).
+        self.recoveries: list[dict[str, Any]] = []
 
     @property
     def state(self) -> PlanState:
@@ -68,6 +70,8 @@ class PolicyRunner:
         run_now(self.knowledge.commit_window(self.job_id, "plan", analysis.window_end, message,
                                              state_fields=state.changed_fields(before)))
         self.reasons[plan.reason.code] += 1
+        self.recoveries += [{"at_s": analysis.window_end - EPOCH, **n.numbers} for n in plan.notices
+                            if n.code == "recovered"]
         if plan.action is Action.NONE or plan.to_parallelism == analysis.parallelism:
             return None
         return plan.to_parallelism
@@ -90,6 +94,7 @@ class ScheduleRunner:
     def __init__(self, per_window: np.ndarray, window_s: float) -> None:
         self.per_window = [int(p) for p in per_window]
         self.window_s = window_s
+        self.recoveries: list[dict[str, Any]] = []  # a schedule predicts none
 
     def decide(self, analysis: Analysis, *, rescaling: bool) -> int | None:
         i = round((analysis.window_end - EPOCH) / self.window_s)
@@ -128,6 +133,7 @@ class PolicyRun:
     capacity_error_pct: float | None
     seconds: float
     timeline: Timeline
+    recoveries: list[dict[str, Any]] = field(default_factory=list)  # observed and predicted, per rescale
 
     @property
     def actions(self) -> int:
@@ -138,7 +144,7 @@ class PolicyRun:
         return round(max(self.timeline.backlog), 1)
 
     def summary(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k != "timeline"}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("timeline", "recoveries")}
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()} | {
             "actions": self.actions, "peak_backlog": self.peak_backlog}
 
@@ -257,4 +263,5 @@ def simulate(
         mean_utilization=state.busy_slot_seconds / state.slot_seconds if state.slot_seconds else 0.0,
         capacity_error_pct=100 * float(np.mean(capacity_errors)) if capacity_errors else None,
         seconds=time.perf_counter() - started, timeline=timeline,
+        recoveries=list(getattr(policy, "recoveries", [])),  # a runner that predicts none has none
     )

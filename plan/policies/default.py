@@ -161,13 +161,15 @@ def capacities(known: dict[str, Measured], max_parallelism: int, noise_cv: float
 
 
 def planned_rates(level: float, forecast: ForecastView | None, now: float, steps: int, step_s: float,
-                  trusted: bool = True, band: float = math.inf) -> np.ndarray:
+                  trusted: bool = True, band: float = math.inf, floor: bool = True) -> np.ndarray:
     """The arrival rate to plan each step with: the level's upper quantile, raised where a trusted forecast
     expects more. The forecast counts as its relative change: its upper quantile at the step's middle over
     its first value, applied to the level (the last value beyond its end; before its first point the
     level stands alone). It is used when its change over the next minutes has come true lately
     (`trusted`, see `plan.forecast_skill`) and it starts near the level (within FORECAST_MAX_OFFSET). Its
-    upper quantile is capped at `band` (a log ratio) above its point forecast: no wider than its errors."""
+    upper quantile is capped at `band` (a log ratio) above its point forecast: no wider than its errors
+    (`band=0`: the point forecast). Without `floor`, a forecast that falls lowers the rates below the level
+    too: what is expected, not what is safe to plan with."""
     rates = np.full(steps, level)
     if not trusted or forecast is None or not forecast.values or forecast.values[0] <= 0:
         return rates
@@ -179,7 +181,8 @@ def planned_rates(level: float, forecast: ForecastView | None, now: float, steps
         values = np.minimum(np.maximum(np.asarray(forecast.upper, dtype=float), values), values * math.exp(band))
     times = forecast.start + np.arange(len(values)) * forecast.step_s
     middles = now + (np.arange(steps) + 0.5) * step_s
-    return np.maximum(rates, level * np.interp(middles, times, values, left=0.0) / first)
+    expected = level * np.interp(middles, times, values, left=first) / first
+    return np.maximum(rates, expected) if floor else expected
 
 
 class CostPlanner:
@@ -341,9 +344,14 @@ class CostPlanner:
         # The prediction is of what will be observed: the point estimates, not the quantiles planned with.
         expected = self.problem(memory, analysis, config, state, quantiles=False) or problem
         top = expected.max_parallelism
+        # Arrivals as the forecast expects them, falling ones too (the planned rates never fall below the level).
+        expected_rates = planned_rates(memory.level.upper_level(0.0) or expected.rates[0], analysis.forecast,
+                                       analysis.window_end, len(expected.rates), self.step_s,
+                                       memory.skill.trusted(), band=0.0, floor=False)
+        numbers["expected_capacity_at_target"] = round(float(expected.capacity[min(to, top)]), 2)
         numbers["predicted_recovery_s"] = predicted_recovery_s(
             analysis, config, to, state.downtimes, lambda p: float(expected.capacity[min(p, top)]),
-            rates=(expected.rates, expected.step_s))
+            rates=(expected_rates, expected.step_s))
         changes = rescale_updates(current, to, analysis.window_end, numbers["predicted_recovery_s"], config)
         reason = DecisionReason(code="cost_plan", rule=self.name, message=message, numbers=numbers)
         return Plan(direction(current, to), to, reason, recommended=target), changes

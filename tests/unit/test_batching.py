@@ -68,6 +68,8 @@ def test_no_factor_before_a_full_batch() -> None:
 def test_typical_restart_is_the_median_of_its_direction_then_the_other() -> None:
     downtimes = Downtimes(up=[10.0, 30.0, 12.0], down=[])
     assert downtimes.typical("up", 99.0) == 12.0
-    assert downtimes.typical("down", 99.0) == 12.0
-    assert Downtimes().typical("down", 99.0) == 99.0
+    assert downtimes.typical("down", 99.0) == 6.0  # a scale-in: half the scale-outs' (Daedalus's priors)
+    assert Downtimes(down=[5.0]).typical("up", 99.0) == 10.0
+    assert Downtimes().typical("up", 99.0) == 99.0
+    assert Downtimes().typical("down", 99.0) == 49.5
     assert Downtimes(up=[1.0], down=[4.0, 6.0]).typical("down", 99.0) == 5.0

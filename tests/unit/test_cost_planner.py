@@ -209,6 +209,16 @@ def test_a_forecast_raises_the_planned_rate_only_when_it_is_trusted() -> None:
     assert narrow[-1] == pytest.approx(200.0 * 1.05)  # the interval no wider than the errors seen
 
 
+def test_the_expected_rates_follow_the_point_forecast_down_too() -> None:
+    falling = ForecastView(values=[200.0, 150.0, 100.0], upper=[220.0, 180.0, 130.0], start=60.0, step_s=60.0,
+                           method="arima", wape=0.05)
+    assert (planned_rates(200.0, falling, 0.0, 4, 60.0) == 200.0).all()  # planned with: never below the level
+    expected = planned_rates(200.0, falling, 0.0, 4, 60.0, band=0.0, floor=False)
+    assert expected[0] == 200.0  # before the forecast's first point: the level
+    assert expected[1:].tolist() == pytest.approx([175.0, 125.0, 100.0])  # the point forecast at the steps' middles
+    assert (planned_rates(200.0, falling, 0.0, 4, 60.0, trusted=False, floor=False) == 200.0).all()
+
+
 def flat_forecast(start: float, value: float, ratio: float = 1.0) -> ForecastView:
     values = [value * (1 + (ratio - 1) * i / 14) for i in range(15)]
     return ForecastView(values=values, upper=[v * 1.5 for v in values], start=start, step_s=60.0,

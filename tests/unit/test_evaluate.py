@@ -251,15 +251,15 @@ def test_live_benchmarks_get_topics_of_their_own() -> None:
     assert (settings.app_id, settings.loop_interval_s, settings.topic_partitions) == ("evaluate-1a2b3", 10.0, 4)
 
 
-def test_recovery_errors_read_predictions_on_the_detectors_window_grid() -> None:
+def test_recovery_errors_compare_predictions_with_what_the_detector_timed() -> None:
     from evaluation.live import recovery_errors
 
-    rows = [{"from": 1, "to": 5, "predicted_s": 41.0, "observed_s": 50.0},  # seen at the window ending at 50 s
+    rows = [{"from": 1, "to": 5, "predicted_s": 41.0, "observed_s": 50.0},
             {"from": 5, "to": 1, "predicted_s": 8.0, "observed_s": 10.0},
             {"from": 1, "to": 2, "predicted_s": 95.0, "observed_s": 40.0},
             {"from": 2, "to": 1, "predicted_s": None, "observed_s": 20.0}]
-    summary = recovery_errors(rows, window_s=10.0)
-    assert [r["aligned_s"] for r in summary["rows"]] == [50.0, 10.0, 100.0, None]
-    assert summary["predicted"] == 3 and summary["recoveries"] == 4
-    assert summary["median_error"] == 0.0 and summary["max_error"] == 1.5
+    summary = recovery_errors(rows)
+    assert [r["relative_error"] for r in summary["rows"]] == [0.18, 0.2, 1.375, None]
+    assert summary["predicted"] == 3 and summary["recoveries"] == 4 and summary["too_long"] == 1
+    assert summary["median_error"] == 0.2 and summary["max_error"] == 1.375
     assert recovery_errors([])["median_error"] is None

@@ -97,7 +97,7 @@ def test_learned_state_survives_serialisation_unchanged() -> None:
     assert again.detector.k == 2.0 and again.capacity.observed == learned.capacity.observed
 
 
-def test_a_rescale_starts_a_recovery_that_ends_at_the_sustained_return_to_normal() -> None:
+def test_a_rescale_starts_a_recovery_that_ends_when_the_backlog_is_back_within_tolerance() -> None:
     learned = new_learned()
     t = 0.0
     for i in range(12):  # normal: throughput follows arrivals (+-5 rec/s)
@@ -112,11 +112,12 @@ def test_a_rescale_starts_a_recovery_that_ends_at_the_sustained_return_to_normal
         t += 10
         learned, _, recovery = feed(learned, window(t, 4, 300.0, throughput, backlog, 0.5))
         observed.append(recovery)
-    recovery = observed[-1]
-    assert observed[:-1] == [None] * 5 and recovery is not None
-    # Back to normal at the first of the three normal windows: 4 windows after the restart.
+    recovery = observed[4]
+    assert observed[:4] == [None] * 4 and recovery is not None and observed[5] is None
+    # The backlog came within 10 s of arrivals (3,000) between the second and third windows after the
+    # restart (5,000 -> 1,000: half-way), and stayed there for three windows.
     assert recovery.started_at == stopped
-    assert recovery.observed_s == pytest.approx(t - 20 - stopped)
+    assert recovery.observed_s == pytest.approx(30 + 20 + 5)
     assert (recovery.from_parallelism, recovery.to_parallelism, recovery.judge) == (2, 4, "statistical")
 
 

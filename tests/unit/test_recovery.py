@@ -228,7 +228,36 @@ def test_keeping_pace_with_a_backlog_that_stays_is_not_a_recovery() -> None:
     assert detector.recovering
     for t, backlog in ((290.0, 70_000), (300.0, 5_000), (310.0, 4_000)):
         assert detector.observe(t, 600.0, 603.0 if backlog > 6_000 else 598.0, backlog=backlog) is None
-    assert detector.observe(320.0, 600.0, 601.0, backlog=3_000) == pytest.approx(100.0)  # normal from 300 s
+    # Within 6,000 records (10 s of arrivals) between 290 s (70,000) and 300 s (5,000): linearly, at
+    # 290 + 10 x 64,000 / 65,000 s.
+    assert detector.observe(320.0, 600.0, 601.0, backlog=3_000) == pytest.approx(90.0 + 10 * 64 / 65)
+
+
+def test_the_return_is_timed_between_window_ends() -> None:
+    detector = trained_detector()
+    detector.start_recovery(200.0)
+    assert detector.observe(210.0, 600.0, 0.0, backlog=12_000) is None  # down: 6,000 beyond the tolerance
+    assert detector.observe(220.0, 600.0, 1200.0, backlog=9_000) is None  # 3,000 beyond
+    assert detector.observe(230.0, 600.0, 900.0, backlog=3_000) is None  # 3,000 within: crossed at 225 s
+    assert detector.observe(240.0, 600.0, 600.0, backlog=2_000) is None
+    assert detector.observe(250.0, 600.0, 600.0, backlog=2_000) == pytest.approx(25.0)
+
+
+def test_a_job_at_capacity_with_a_small_backlog_is_back_to_normal() -> None:
+    # Its lag rate swings far outside the band learned at lower load, but the backlog stays within
+    # 10 s of arrivals: caught up (what the recovery prediction and the scale-down control call normal).
+    detector = trained_detector()
+    detector.start_recovery(200.0)
+    results = [detector.observe(t, 600.0, y, backlog=b)
+               for t, y, b in ((210.0, 0.0, 9_000), (220.0, 680.0, 4_000), (230.0, 540.0, 4_600),
+                               (240.0, 660.0, 4_000))]
+    assert results == [None, None, None, pytest.approx(16.0)]  # 9,000 -> 4,000 crosses 6,000 at 216 s
+
+
+def test_a_first_point_within_the_tolerance_ends_at_its_time() -> None:
+    detector = trained_detector(sustain=1)
+    detector.start_recovery(200.0)
+    assert detector.observe(210.0, 600.0, 500.0, backlog=1_000) == pytest.approx(10.0)  # no earlier point to time it by
 
 
 def test_fallback_before_enough_normal_samples_uses_the_backlog() -> None:
@@ -241,7 +270,8 @@ def test_fallback_before_enough_normal_samples_uses_the_backlog() -> None:
     assert detector.observe(70.0, 600.0, 1000.0, backlog=8_000) is None
     assert detector.observe(80.0, 600.0, 700.0, backlog=5_000) is None
     assert detector.observe(90.0, 600.0, 600.0, backlog=4_000) is None
-    assert detector.observe(100.0, 600.0, 600.0, backlog=4_000) == pytest.approx(30.0)  # from 80 s
+    # Within 6,000 between 70 s (8,000) and 80 s (5,000): at 70 + 10 x 2 / 3 s.
+    assert detector.observe(100.0, 600.0, 600.0, backlog=4_000) == pytest.approx(20.0 + 10 * 2 / 3)
 
 
 def test_detector_survives_serialization_mid_recovery() -> None:
