@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from contracts.jobs import JobConfig
 from contracts.messages import Analysis, CapacityView, DecisionReason, RecoveryView
-from contracts.plan_state import Downtimes, PendingRecovery
+from contracts.plan_state import Downtimes, PendingRecovery, PlanState
 from plan.policy import Plan, direction
 from plan.recovery import choose_scale_out, predict_recovery, replay_records
 
@@ -113,18 +113,33 @@ def predicted_recovery_s(
     return prediction.seconds if math.isfinite(prediction.seconds) else None
 
 
-def recovery_notice(recovery: RecoveryView, pending: PendingRecovery | None) -> DecisionReason:
-    """The `recovered` finding: the observed recovery beside the prediction of the rescale behind it."""
-    predicted = None
+def recovery_notice(recovery: RecoveryView, pending: PendingRecovery | None, state: PlanState | None = None
+                    ) -> DecisionReason:
+    """The `recovered` finding: the observed recovery beside the prediction of the rescale behind it.
+
+    A prediction counts from the stop; the detector counts from the last window before it, up to a
+    window away. When the plan state holds the rescale's end and downtime (execute recorded them), the
+    observed time counts from the stop too (`stopped_at` = end - downtime), and the return to normal is
+    never before the restart ended; `detected_s` keeps the detector's own figure."""
+    predicted, observed, stopped = None, recovery.observed_s, None
     if pending and pending.to == recovery.to_parallelism:
         predicted = pending.predicted_s
-    error = None if predicted is None else recovery.observed_s - predicted
+        direction = "up" if pending.to > pending.from_parallelism else "down"
+        measured = getattr(state.downtimes, direction) if state is not None else []
+        if state is not None and state.last_rescale_at is not None and measured \
+                and state.last_rescale_at >= pending.window_end:
+            resumed = state.last_rescale_at
+            stopped = resumed - measured[-1]
+            observed = max(recovery.started_at + recovery.observed_s, resumed) - stopped
+    error = None if predicted is None else observed - predicted
     shown = "no prediction" if predicted is None else f"predicted {predicted:.0f} s"
     return DecisionReason(
         code="recovered", rule="recovery_detection",
-        message=f"back to normal {recovery.observed_s:.0f} s after the rescale {recovery.from_parallelism} -> "
+        message=f"back to normal {observed:.0f} s after the rescale {recovery.from_parallelism} -> "
                 f"{recovery.to_parallelism} stopped the job ({shown}; judged {recovery.judge})",
-        numbers={"observed_s": round(recovery.observed_s, 3), "predicted_s": predicted,
+        numbers={"observed_s": round(observed, 3), "predicted_s": predicted,
                  "error_s": None if error is None else round(error, 3),
+                 "detected_s": round(recovery.observed_s, 3),
+                 "stopped_at": None if stopped is None else round(stopped, 3),
                  "from_parallelism": recovery.from_parallelism, "to_parallelism": recovery.to_parallelism},
     )

@@ -37,7 +37,7 @@ def decide(
     if new.needs_forecast != policy.needs_forecast:
         new = new.updated({"needs_forecast": policy.needs_forecast})
     if analysis.recovery is not None:
-        plan = replace(plan, notices=[*plan.notices, recovery_notice(analysis.recovery, state.pending_recovery)])
+        plan = replace(plan, notices=[*plan.notices, recovery_notice(analysis.recovery, state.pending_recovery, state)])
         if new.pending_recovery == state.pending_recovery:  # unless this window rescales again
             new = new.updated({"pending_recovery": None})
     return new, plan

@@ -14,7 +14,7 @@ from analyze.proactive import Learned, learn, new_learned, scaling_curve
 from analyze.true_rates import analyze_window
 from contracts.jobs import JobConfig
 from contracts.messages import Action, Analysis, CapacityView, ForecastView, MetricWindow, RecoveryView, SourceWindow
-from contracts.plan_state import Downtimes, PlanState
+from contracts.plan_state import Downtimes, PendingRecovery, PlanState
 from plan.policies.daedalus import DaedalusPolicy
 from plan.policies.hybrid import HybridPolicy
 from plan.policies.reactive import ReactivePolicy
@@ -195,6 +195,22 @@ def test_every_rescale_carries_its_predicted_recovery_and_the_recovery_is_compar
     # A recovery from another rescale than the predicted one is not compared.
     other = observed.model_copy(update={"to_parallelism": 3})
     assert recovery_notice(other, state.pending_recovery).numbers["predicted_s"] is None
+
+
+def test_an_observed_recovery_counts_from_the_stop_once_execute_recorded_the_restart() -> None:
+    pending = PendingRecovery.model_validate({"from": 4, "to": 2, "predicted_s": 26.0, "window_end": 260.0})
+    # The job stopped at 264 s, after the window ending at 260 s; the window ending at 270 s still held
+    # reports from before the stop, so the detector counts from 270 s. The restart took 17 s.
+    state = PlanState(pending_recovery=pending).after_rescale(2, 281.0, 17.0, "down")
+    seen = RecoveryView(started_at=270.0, observed_s=20.0, judge="statistical", from_parallelism=4, to_parallelism=2)
+    numbers = recovery_notice(seen, pending, state).numbers
+    assert (numbers["observed_s"], numbers["detected_s"], numbers["stopped_at"]) == (26.0, 20.0, 264.0)
+    assert numbers["error_s"] == 0.0
+    # Back to normal is never before the restart ended.
+    early = seen.model_copy(update={"observed_s": 5.0})
+    assert recovery_notice(early, pending, state).numbers["observed_s"] == 17.0
+    # Without the restart recorded, the detector's figure stands.
+    assert recovery_notice(seen, pending, PlanState(pending_recovery=pending)).numbers["observed_s"] == 20.0
 
 
 def test_ds2_rescales_are_predicted_with_ds2_capacity_and_a_flat_forecast() -> None:
