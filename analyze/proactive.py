@@ -95,7 +95,7 @@ def learn(
         if observed is not None:
             recovery = RecoveryView(
                 started_at=window.window_end - observed if started_at is None else started_at,
-                observed_s=observed, judge=learned.detector.judge,
+                observed_s=observed, judge="backlog" if window.source.backlog is not None else learned.detector.judge,
                 from_parallelism=learned.recovery_from or p, to_parallelism=p,
             )
             learned.recovery_from = None

@@ -224,7 +224,9 @@ class RecoveryView(Contract):
 
     started_at: float = Field(description="When processing stopped (the last window at the old parallelism).")
     observed_s: NonNegativeFloat = Field(description="Seconds from the stop until the sustained return to normal.")
-    judge: Literal["statistical", "fallback"]
+    judge: Literal["statistical", "fallback", "backlog"] = Field(
+        description="What ended it: the backlog back within tolerance, or (no backlog reported) the lag rate "
+        "within the band (`statistical`) or keeping up before the band is known (`fallback`).")
     from_parallelism: Parallelism
     to_parallelism: Parallelism
 

@@ -118,7 +118,7 @@ def test_a_rescale_starts_a_recovery_that_ends_when_the_backlog_is_back_within_t
     # restart (5,000 -> 1,000: half-way), and stayed there for three windows.
     assert recovery.started_at == stopped
     assert recovery.observed_s == pytest.approx(30 + 20 + 5)
-    assert (recovery.from_parallelism, recovery.to_parallelism, recovery.judge) == (2, 4, "statistical")
+    assert (recovery.from_parallelism, recovery.to_parallelism, recovery.judge) == (2, 4, "backlog")
 
 
 # ---------------------------------------------------------------- plan: daedalus and hybrid
@@ -202,7 +202,7 @@ def test_an_observed_recovery_counts_from_the_stop_once_execute_recorded_the_res
     # The job stopped at 264 s, after the window ending at 260 s; the window ending at 270 s still held
     # reports from before the stop, so the detector counts from 270 s. The restart took 17 s.
     state = PlanState(pending_recovery=pending).after_rescale(2, 281.0, 17.0, "down")
-    seen = RecoveryView(started_at=270.0, observed_s=20.0, judge="statistical", from_parallelism=4, to_parallelism=2)
+    seen = RecoveryView(started_at=270.0, observed_s=20.0, judge="backlog", from_parallelism=4, to_parallelism=2)
     numbers = recovery_notice(seen, pending, state).numbers
     assert (numbers["observed_s"], numbers["detected_s"], numbers["stopped_at"]) == (26.0, 20.0, 264.0)
     assert numbers["error_s"] == 0.0
