@@ -122,4 +122,5 @@ def run(
         "start_id": result.start_id,
         "next_id": result.next_id,
         "topic": topic,
+        "began_at": round(result.began_at, 3),
     }))

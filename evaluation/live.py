@@ -56,13 +56,17 @@ def live_measures(run: LiveRun, backlog_target_s: float, initial_parallelism: in
         paid += p * (at - t)
         t, p = at, to
     paid += p * (end - t)
+    # The job's start against the load's: the load generator says when its first records were due (its
+    # process starts a few seconds after it is launched, at `run.started`).
+    began = run.load_summary.get("began_at")
+    load_began = float(began) if isinstance(began, int | float) and began > 0 else run.started
     lags = np.array([(a.backlog or 0) / a.arrival_rate if a.arrival_rate else 0.0 for a in windows])
     beyond = sum(WINDOW_S for a in windows if (a.backlog or 0) > backlog_target_s * (a.arrival_rate or 0.0))
     return {"slot_seconds": paid, "beyond_target_s": beyond, "lag_p95_s": float(np.percentile(lags, 95)),
             "peak_backlog": float(max(a.backlog or 0 for a in windows)),
             "lag_max_s": float(lags.max()), "actions": len(run.of(EventType.COMPLETED)),
             "failed": len(run.of(EventType.FAILED)), "windows": len(windows), "span_s": end - begin,
-            "start_s": round(begin - run.started, 1),
+            "start_s": round(begin - load_began, 1),
             "downtimes_s": [e.downtime_s for e in run.of(EventType.COMPLETED)]}
 
 

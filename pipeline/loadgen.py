@@ -154,6 +154,7 @@ class LoadResult:
     seconds: float
     start_id: int
     next_id: int
+    began_at: float = 0.0  # wall time (epoch seconds) the first records were due
 
     @property
     def rate(self) -> float:
@@ -204,7 +205,7 @@ def generate_load(
     stop_event = stop_event or threading.Event()
     next_id = start_id
     budget = 0.0
-    began = time.monotonic()
+    began, began_at = time.monotonic(), time.time()
     last = 0.0
     last_report = 0.0
     while not stop_event.is_set():
@@ -233,4 +234,4 @@ def generate_load(
     remaining = producer.flush(30)
     if remaining:
         log.error("%d records were not delivered", remaining)
-    return LoadResult(next_id - start_id - remaining, time.monotonic() - began, start_id, next_id)
+    return LoadResult(next_id - start_id - remaining, time.monotonic() - began, start_id, next_id, began_at)

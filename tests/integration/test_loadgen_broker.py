@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -18,7 +19,9 @@ __all__ = ["broker"]  # the module-scoped fixture
 def test_generator_follows_the_shape_at_thousands_per_second(broker: Service) -> None:
     bootstrap = bootstrap_of(broker)
     shape = Steps(((1000.0, 1.0), (5000.0, 2.0), (500.0, 1.0)))
+    before = time.time()
     result = generate_load(bootstrap, "load.accuracy", shape, start_id=100, partitions=3)
+    assert before <= result.began_at <= before + 5.0  # when the first records were due (the topic made first)
     expected = expected_total(shape, shape.duration_s)
     assert result.produced == pytest.approx(expected, rel=0.01)
     assert result.seconds == pytest.approx(shape.duration_s, abs=0.5)

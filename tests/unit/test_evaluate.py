@@ -207,6 +207,10 @@ def test_live_runs_are_measured_as_simulated_ones() -> None:
     assert measured["actions"] == 1
     assert measured["lag_max_s"] == pytest.approx(90.0)
     assert measured["peak_backlog"] == 9_000
+    assert measured["start_s"] == 0.0  # the first window began when the run did
+    # The load generator says when its first records were due: the job's start counts from then.
+    run.load_summary = {"began_at": 6.5}
+    assert live_measures(run, backlog_target_s=60.0)["start_s"] == -6.5
 
 
 def test_a_long_live_runs_drift_compares_its_first_and_last_spans() -> None:
