@@ -9,7 +9,8 @@ does (restart backend):
                     slots' work (Analysis.batch_overhead_s's formula), the work per slot in a full
                     batch, and the report-to-report spread of the per-slot rate (the rate noise);
   restarts          under a constant load, rescales up and down between the two smallest
-                    parallelisms: the restart backend's downtime of each direction.
+                    parallelisms: the restart backend's downtime of each direction, a scale-up's
+                    with the job behind (a full first batch after it), as live.
 The per-slot rates are fitted to the model's knee curve (`evaluation.job_models.fit_scaling`); the
 rest are medians. The file says what was measured, when and how.
 """
@@ -43,6 +44,10 @@ OUTPUT = "calibrate.output"
 METRICS = "calibrate.metrics"
 FAST_PRODUCE_RATE = 50_000.0
 REPORT_S = 5.0  # the reporter's interval; the evaluation's windows are twice as long
+# Before a measured scale-up, this many seconds of the larger parallelism's work are queued: twice a full
+# micro-batch (about 5 s of work per slot), so the restarted job's first batch is full, as live.
+BEHIND_S = 10.0
+STEADY_BACKLOG_S = 3.0  # a report at the constant load with more queued than this is still draining
 
 
 class Metrics:
@@ -164,11 +169,15 @@ def slot_rates(reports: list[MetricReport]) -> list[float]:
 
 
 def restarts(bootstrap: str, low: int, high: int, options: dict[str, str], rate: float, repeat: int,
-             topic_partitions: int, warmup_s: float = 20.0
+             topic_partitions: int, warmup_s: float = 20.0, behind_records: int = 0
              ) -> tuple[list[float], list[float], list[list[float]], list[tuple[float, float]]]:
     """Downtimes of `repeat` rescales low -> high and as many back, under a constant load, and the
     per-slot rates and task points the job reported at each level (the first report after a
-    restart left out): batches below full, beside the drains' full ones."""
+    restart and those still draining a backlog left out): batches below full, beside the drains' full ones.
+
+    A scale-up is decided when the job is behind, so `behind_records` are added just before each
+    one: its downtime, which runs until the restarted job's first micro-batch is done, then includes
+    a full first batch, as live. A scale-down is decided at a low load with no backlog, and is measured so."""
     ensure_topic(bootstrap, INPUT, topic_partitions)
     stop = threading.Event()
     load = threading.Thread(target=generate_load, args=(bootstrap, INPUT, Constant(rate)),
@@ -190,8 +199,13 @@ def restarts(bootstrap: str, low: int, high: int, options: dict[str, str], rate:
                     deadline = time.monotonic() + warmup_s
                     while time.monotonic() < deadline:
                         metrics.poll(min(1.0, max(0.0, deadline - time.monotonic())))
-                    levels.append(slot_rates(metrics.reports[seen + 1:]))
-                    tasks += task_points(metrics.reports[seen + 1:])
+                    steady = [r for r in metrics.reports[seen + 1:]
+                              if r.source is None or r.source.backlog <= STEADY_BACKLOG_S * rate]
+                    levels.append(slot_rates(steady))
+                    tasks += task_points(steady)
+                    if target > low and behind_records > 0:
+                        generate_load(bootstrap, INPUT, Constant(FAST_PRODUCE_RATE),
+                                      duration_s=behind_records / FAST_PRODUCE_RATE, partitions=topic_partitions)
                     outcome = job.apply(target)
                     if not outcome.ok or outcome.downtime_s is None:
                         raise RuntimeError(f"the rescale to {target} failed: {outcome.errors}")
@@ -223,7 +237,8 @@ def calibrate(parallelisms: list[int], options: dict[str, str], *, work_s: float
     high = parallelisms[1] if len(parallelisms) > 1 else low + 1
     with own_broker() as bootstrap:
         result.downtimes_up, result.downtimes_down, result.steady_rates, result.steady_tasks = restarts(
-            bootstrap, low, high, options, 0.5 * low * nominal_slot_rate, restart_repeat, topic_partitions)
+            bootstrap, low, high, options, 0.5 * low * nominal_slot_rate, restart_repeat, topic_partitions,
+            behind_records=math.ceil(BEHIND_S * high * nominal_slot_rate))
     say(f"restarts {low} -> {high}: {[round(x, 1) for x in result.downtimes_up]} s; back: "
         f"{[round(x, 1) for x in result.downtimes_down]} s; "
         f"{sum(len(level) for level in result.steady_rates)} reports between them")
@@ -286,8 +301,9 @@ def model_file(result: Calibration, name: str, options: dict[str, str], work_s: 
         downtime_down_s=round(statistics.median(result.downtimes_down), 2),
         rate_noise=round(noise, 4),
         measured={
-            "how": "autoscaler calibrate: backlogs drained at each parallelism, then restarts under load, "
-                   "on this machine with its own broker",
+            "how": "autoscaler calibrate: backlogs drained at each parallelism, then restarts under load (each "
+                   f"scale-up with {BEHIND_S:g} s of the larger parallelism's work queued), on this machine with "
+                   "its own broker",
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "job_options": options, "work_s_per_slot": work_s,
             "drains": [d.__dict__ for d in result.drains],
