@@ -50,7 +50,8 @@ class LiveRun:
                    f"backlog={a.backlog} capacity={a.capacity.current if a.capacity else None} "
                    f"forecast={a.forecast.method if a.forecast else None}") for a in self.analyses]
         lines += [(d.timestamp - t0, f"decision {d.action.value} {d.from_parallelism}->{d.to_parallelism} "
-                   f"[{d.reason.code}] {d.reason.message}") for d in self.decisions if d.action.value != "none"]
+                   f"[{d.reason.code}] {d.reason.message} {json.dumps(d.reason.numbers)}")
+                  for d in self.decisions if d.action.value != "none"]
         return "\n".join(f"{t:7.1f} {text}" for t, text in sorted(lines))
 
 
