@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any, Literal
@@ -72,11 +73,9 @@ class Downtimes(_Part):
         other = "down" if direction == "up" else "up"
         scale = {"up": 1.0, "down": DOWN_TO_UP}  # each direction's restart, relative to a scale-out's
         for side in (direction, other):
-            measured = sorted(d for d in getattr(self, side)[-recent:] if math.isfinite(d) and d >= 0)
+            measured = [d for d in getattr(self, side)[-recent:] if math.isfinite(d) and d >= 0]
             if measured:
-                mid = len(measured) // 2
-                median = measured[mid] if len(measured) % 2 else (measured[mid - 1] + measured[mid]) / 2
-                return median * scale[direction] / scale[side]
+                return statistics.median(measured) * scale[direction] / scale[side]
         return default_s * scale[direction]
 
     def restart_time(self, default_s: float, cap_s: float) -> float | None:
