@@ -3,6 +3,11 @@ evaluation replays (`autoscaler evaluate --job-model FILE`).
 
 It starts a broker of its own for each measurement and runs the job in this process, as the runner
 does (restart backend):
+  warm-up           the job at one slot under a low constant load for `warm_up_s`: Spark's fixed cost
+                    per micro-batch falls over its first hundred or so batches in a process (the
+                    JVM compiles the driver's per-batch path; live, from 1.7 s to 0.25 s in two
+                    minutes), and a live job runs warm after its first minutes, restarts included
+                    (the JVM outlives them). Every later measurement runs in the same, warm, JVM;
   per parallelism   a backlog of `work_s` seconds of work per slot, drained by the job: the DS2 true
                     rate per slot (records per busy second), the records per second it drains
                     (its maximum sustainable throughput), the fixed time per micro-batch beyond the
@@ -113,6 +118,12 @@ class Drain:
         )
 
 
+def batch_overheads(reports: list[MetricReport]) -> list[float]:
+    """Each report's fixed cost per micro-batch (Analysis.batch_overhead_s's formula), where it ran batches."""
+    return [round(max(0.0, ((r.batch_time_s or 0.0) - r.busy_time_s / r.parallelism) / r.batches), 3)
+            for r in reports if r.batches and r.records_in > 0]
+
+
 @dataclass
 class Calibration:
     drains: list[Drain] = field(default_factory=list)
@@ -120,6 +131,7 @@ class Calibration:
     downtimes_down: list[float] = field(default_factory=list)
     steady_rates: list[list[float]] = field(default_factory=list)  # per level held between restarts
     steady_tasks: list[tuple[float, float]] = field(default_factory=list)  # `task_points` of those levels
+    warm_up: list[float] = field(default_factory=list)  # each warm-up report's fixed cost per batch, in order
 
 
 @contextmanager
@@ -153,6 +165,32 @@ def drain(bootstrap: str, parallelism: int, options: dict[str, str], records: in
             metrics.close()
     # The first report holds the start-up, the last one the backlog's tail.
     return Drain.of(parallelism, metrics.reports[1:-1])
+
+
+def warm_up(bootstrap: str, options: dict[str, str], rate: float, seconds: float, topic_partitions: int
+            ) -> list[float]:
+    """Run the job at one slot under a constant `rate` for `seconds` (see the module docstring), with
+    its own trigger so that it runs many small batches; returns each report's fixed cost per batch."""
+    ensure_topic(bootstrap, INPUT, topic_partitions)
+    stop = threading.Event()
+    load = threading.Thread(target=generate_load, args=(bootstrap, INPUT, Constant(rate)),
+                            kwargs={"duration_s": 7200, "stop_event": stop, "partitions": topic_partitions},
+                            daemon=True)
+    metrics = Metrics(bootstrap)
+    with tempfile.TemporaryDirectory() as tmp:
+        job = RestartFromCheckpoint(job_config(bootstrap, options, Path(tmp)))
+        job.start(1)
+        load.start()
+        deadline = time.monotonic() + seconds
+        try:
+            while time.monotonic() < deadline:
+                metrics.poll(min(1.0, max(0.0, deadline - time.monotonic())))
+        finally:
+            stop.set()
+            load.join(30)
+            job.stop()
+            metrics.close()
+    return batch_overheads(metrics.reports)
 
 
 def task_points(reports: list[MetricReport]) -> list[tuple[float, float]]:
@@ -219,7 +257,7 @@ def restarts(bootstrap: str, low: int, high: int, options: dict[str, str], rate:
 
 
 def calibrate(parallelisms: list[int], options: dict[str, str], *, work_s: float = 40.0, nominal_slot_rate: float,
-              restart_repeat: int = 2, topic_partitions: int = 4, name: str = "demo",
+              restart_repeat: int = 2, topic_partitions: int = 4, name: str = "demo", warm_up_s: float = 150.0,
               say: Callable[[str], None] = print) -> tuple[JobModelFile, Calibration]:
     """Measure the job and return its model file (see the module docstring). `nominal_slot_rate`
     sizes the backlogs and the restart load; it is not written into the model."""
@@ -227,6 +265,12 @@ def calibrate(parallelisms: list[int], options: dict[str, str], *, work_s: float
         raise ValueError("give at least one parallelism >= 1")
     parallelisms = sorted(set(parallelisms))
     result = Calibration()
+    if warm_up_s > 0:
+        with own_broker() as bootstrap:
+            result.warm_up = warm_up(bootstrap, options, 0.4 * nominal_slot_rate, warm_up_s, topic_partitions)
+        shown = result.warm_up[1:] or [math.nan]
+        say(f"warm-up {warm_up_s:g} s at one slot: fixed cost per batch {shown[0]:.2f} s at first, "
+            f"{statistics.median(shown[-4:]):.2f} s at the end")
     for p in parallelisms:
         with own_broker() as bootstrap:
             d = drain(bootstrap, p, options, math.ceil(work_s * p * nominal_slot_rate), topic_partitions)
@@ -301,11 +345,13 @@ def model_file(result: Calibration, name: str, options: dict[str, str], work_s: 
         downtime_down_s=round(statistics.median(result.downtimes_down), 2),
         rate_noise=round(noise, 4),
         measured={
-            "how": "autoscaler calibrate: backlogs drained at each parallelism, then restarts under load (each "
+            "how": "autoscaler calibrate: after a warm-up at one slot (warm_up_overheads_s), backlogs drained at each "
+                   "parallelism, then restarts under load (each "
                    f"scale-up with {BEHIND_S:g} s of the larger parallelism's work queued), on this machine with "
                    "its own broker",
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "job_options": options, "work_s_per_slot": work_s,
+            "warm_up_overheads_s": result.warm_up,
             "drains": [d.__dict__ for d in result.drains],
             "unseen_capacity": unseen_capacities(result.drains),
             "downtimes_up_s": [round(x, 2) for x in result.downtimes_up],

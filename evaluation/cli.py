@@ -127,6 +127,9 @@ def calibrate_command(
     option: Annotated[list[str] | None, typer.Option(help="More job options, key=value.")] = None,
     work_s: Annotated[float, typer.Option(help="Seconds of work per slot in each drained backlog.")] = 40.0,
     restarts: Annotated[int, typer.Option(help="Rescales measured in each direction.")] = 2,
+    warm_up_s: Annotated[float, typer.Option(
+        help="Seconds the job runs at one slot before anything is measured (Spark's cost per batch falls "
+             "over its first minutes in a process); 0 measures it cold.")] = 150.0,
     name: Annotated[str, typer.Option(help="The job's name in the model.")] = "demo",
     out: Annotated[Path, typer.Option(help="The job-model file to write.")] = RESULTS / "job-model.json",
 ) -> None:
@@ -139,7 +142,7 @@ def calibrate_command(
     options = {"cost_ms": str(cost_ms), **dict(item.split("=", 1) for item in option or [])}
     started = time.perf_counter()
     model, _ = calibrate(parallelism or [1, 2, 3, 4], options, work_s=work_s, nominal_slot_rate=1000.0 / cost_ms,
-                         restart_repeat=restarts, name=name, say=console.print)
+                         restart_repeat=restarts, name=name, warm_up_s=warm_up_s, say=console.print)
     write_job_model(model, out)
     console.print_json(model.model_dump_json(exclude={"measured"}))
     unseen = model.measured.get("unseen_capacity") or []

@@ -102,6 +102,25 @@ def test_a_calibration_becomes_a_model_whose_rates_overhead_and_restarts_are_the
     assert simulated.capacity(1) == pytest.approx(200.0 * 2.0 / 2.5, rel=0.01)  # the overhead's share is gone
 
 
+def test_the_warm_up_records_each_reports_cost_per_batch_and_the_model_file_keeps_it() -> None:
+    from contracts.messages import MetricReport
+    from evaluation.calibrate import Calibration, Drain, batch_overheads, model_file
+
+    def sent(batches: int, overhead: float, records: int = 500) -> MetricReport:
+        busy = records / 250.0
+        return MetricReport(job_id="j", timestamp=100.0, interval_s=5.0, parallelism=1, records_in=records,
+                            records_out=records, busy_time_s=busy, batches=batches or None,
+                            batch_time_s=batches * overhead + busy if batches else None)
+
+    # A JVM warming up: the cost per batch falls; a report without batches or records has none.
+    reports = [sent(2, 1.7), sent(4, 0.5), sent(0, 0.0), sent(5, 0.25), sent(5, 0.0, records=0)]
+    assert batch_overheads(reports) == [1.7, 0.5, 0.25]
+    drain = Drain(parallelism=1, reports=4, records=100, seconds=5.0, slot_rate=200.0, throughput=20.0,
+                  batch_overhead_s=0.5, batch_work_s=2.0, rate_cv=None, rates=(190.0, 210.0, 200.0))
+    model = model_file(Calibration([drain], [10.0], [5.0], warm_up=[1.7, 0.5, 0.25]), "j", {}, 40.0)
+    assert model.measured["warm_up_overheads_s"] == [1.7, 0.5, 0.25]
+
+
 def test_a_calibration_with_too_few_reports_for_the_noise_says_so() -> None:
     from evaluation.calibrate import Calibration, Drain, model_file
 
