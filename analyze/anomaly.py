@@ -78,6 +78,13 @@ class RecoveryDetector:
         self.recovery_start = float(at)
         self.streak, self.streak_start, self.last_excess = 0, None, None
 
+    def resumed(self, at: float, arrival_rate: float, backlog: float) -> None:
+        """Processing resumed at `at` with `backlog` records waiting: the recovery's first point above
+        the tolerance, unless a point was observed since its start (then this says nothing new)."""
+        if self.recovery_start is not None and self.last_excess is None and self.streak == 0 \
+                and at >= self.recovery_start:
+            self.last_excess = (float(at), self.excess(arrival_rate, backlog))
+
     def excess(self, arrival_rate: float, backlog: float) -> float:
         """The backlog beyond the tolerance (records); at most 0 when the job has caught up."""
         return backlog - arrival_rate * self.backlog_tolerance_s
@@ -93,9 +100,11 @@ class RecoveryDetector:
     def _back_to_normal(self, at: float, excess: float | None) -> float:
         """When the job got back to normal, given that the point at `at` (with the backlog's `excess`)
         is normal: where the excess crossed zero since the last point (linear), else `at`."""
-        if excess is None or self.last_excess is None or self.last_excess[1] <= 0:
+        if excess is None or self.last_excess is None:
             return at
         t0, e0 = self.last_excess
+        if e0 <= 0:  # only a resumption leaves a normal last point with no streak: normal since then
+            return t0
         return t0 + (at - t0) * e0 / (e0 - excess) if e0 > excess else at
 
     def observe(self, at: float, arrival_rate: float, throughput: float, backlog: float | None = None) -> float | None:

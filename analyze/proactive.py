@@ -36,12 +36,14 @@ class Learned:
     last_window_end: float | None = None
     recovery_from: int | None = None  # the parallelism before the rescale being recovered from
     windows: int = 0
+    last_backlog: float | None = None  # of the previous window, when it reported one
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "capacity": self.capacity.to_dict(), "detector": self.detector.to_dict(),
             "parallelism": self.parallelism, "windows_at_parallelism": self.windows_at_parallelism,
             "last_window_end": self.last_window_end, "recovery_from": self.recovery_from, "windows": self.windows,
+            "last_backlog": self.last_backlog,
         }
 
     @classmethod
@@ -50,6 +52,7 @@ class Learned:
             capacity=CapacityModel.from_dict(data["capacity"]), detector=RecoveryDetector.from_dict(data["detector"]),
             parallelism=data["parallelism"], windows_at_parallelism=int(data["windows_at_parallelism"]),
             last_window_end=data["last_window_end"], recovery_from=data["recovery_from"], windows=int(data["windows"]),
+            last_backlog=data.get("last_backlog"),  # absent in what was stored before it was kept
         )
 
 
@@ -72,11 +75,20 @@ def learn(
     learned.windows_at_parallelism = 1 if first else learned.windows_at_parallelism + 1
     if rescaled and learned.last_window_end is not None:
         # The job stopped after the last window at the old parallelism; no reports came meanwhile.
-        learned.detector.start_recovery(learned.last_window_end)
+        stopped = learned.last_window_end
+        learned.detector.start_recovery(stopped)
         learned.recovery_from = learned.parallelism
+        # Its reports cover the time since it resumed: then the backlog of the stop and what arrived
+        # since waited (the recovery detector times a short return from there, not from the window's end).
+        resumed = window.window_end - window.observed_s
+        if window.source is not None and learned.last_backlog is not None and stopped <= resumed < window.window_end:
+            arrival = window.source.arrival_rate
+            learned.detector.resumed(resumed, arrival, learned.last_backlog + arrival * (resumed - stopped))
     learned.parallelism = p
     learned.last_window_end = window.window_end
     learned.windows += 1
+    if window.source is not None and window.source.backlog is not None:
+        learned.last_backlog = float(window.source.backlog)
 
     # Capacity: not from a window that spans a restart or a (re)started job's first window, whose
     # throughput includes starting up.

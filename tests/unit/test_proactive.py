@@ -121,6 +121,26 @@ def test_a_rescale_starts_a_recovery_that_ends_when_the_backlog_is_back_within_t
     assert (recovery.from_parallelism, recovery.to_parallelism, recovery.judge) == (2, 4, "backlog")
 
 
+def test_a_short_recovery_is_timed_from_when_the_restarted_job_resumed() -> None:
+    learned = new_learned()
+    t = 0.0
+    for i in range(12):
+        t += 10
+        learned, _, _ = feed(learned, window(t, 2, 300.0, 300.0 + (5 if i % 2 else -5), 200, 0.75))
+    stopped = t
+    # Down 12.5 s: the first window at 1 slot has reports for its last 7.5 s; 200 + 12.5 s x 300 = 3,950
+    # records waited when it resumed (950 beyond 10 s of arrivals); its end finds 1,000 (2,000 within).
+    resumed = window(t + 20, 1, 300.0, 420.0, 1000, 0.9).model_copy(update={"observed_s": 7.5})
+    learned, _, recovery = feed(learned, resumed)
+    assert recovery is None
+    for throughput, backlog in [(300, 900), (300, 950)]:
+        learned, _, recovery = feed(learned, window(learned.last_window_end + 10, 1, 300.0, throughput, backlog, 0.9))
+    assert recovery is not None and recovery.started_at == stopped
+    # The excess crossed zero 950 / (950 + 2,000) of the way from the resumption to the window's end.
+    assert recovery.observed_s == pytest.approx(12.5 + 7.5 * 950 / 2950)
+    assert Learned.from_dict({k: v for k, v in learned.to_dict().items() if k != "last_backlog"}).last_backlog is None
+
+
 # ---------------------------------------------------------------- plan: daedalus and hybrid
 
 

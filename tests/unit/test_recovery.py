@@ -260,6 +260,33 @@ def test_a_first_point_within_the_tolerance_ends_at_its_time() -> None:
     assert detector.observe(210.0, 600.0, 500.0, backlog=1_000) == pytest.approx(10.0)  # no earlier point to time it by
 
 
+def test_a_short_return_is_timed_from_the_moment_processing_resumed() -> None:
+    # A scale-down: stopped at 200 s, resumed at 212.5 s with 7,500 records waiting (1,500 beyond 10 s of
+    # 600 records/s); the first window end after it already finds the backlog within the tolerance.
+    detector = trained_detector()
+    detector.start_recovery(200.0)
+    detector.resumed(212.5, 600.0, 7_500)
+    assert detector.observe(220.0, 600.0, 700.0, backlog=4_500) is None  # 1,500 within: crossed at 216.25 s
+    assert detector.observe(230.0, 600.0, 600.0, backlog=3_000) is None
+    assert detector.observe(240.0, 600.0, 600.0, backlog=3_000) == pytest.approx(16.25)
+
+
+def test_a_resumption_already_within_the_tolerance_is_the_return_and_one_after_a_point_says_nothing() -> None:
+    detector = trained_detector(sustain=1)
+    detector.start_recovery(200.0)
+    detector.resumed(205.0, 600.0, 3_000)  # caught up as it resumed
+    assert detector.observe(210.0, 600.0, 600.0, backlog=1_000) == pytest.approx(5.0)
+    detector = trained_detector()
+    detector.start_recovery(200.0)
+    detector.resumed(190.0, 600.0, 9_000)  # before the stop: not this recovery's
+    assert detector.observe(210.0, 600.0, 0.0, backlog=12_000) is None
+    detector.resumed(215.0, 600.0, 1_000)  # a point was observed since the start: it times the return
+    assert detector.observe(220.0, 600.0, 1200.0, backlog=9_000) is None
+    assert detector.observe(230.0, 600.0, 900.0, backlog=3_000) is None
+    assert detector.observe(240.0, 600.0, 600.0, backlog=2_000) is None
+    assert detector.observe(250.0, 600.0, 600.0, backlog=2_000) == pytest.approx(25.0)
+
+
 def test_fallback_before_enough_normal_samples_uses_the_backlog() -> None:
     detector = RecoveryDetector(min_normal_samples=10, backlog_tolerance_s=10.0)
     for i in range(3):
