@@ -32,15 +32,20 @@ def analyze_operator(op: OperatorWindow, observed_s: float) -> OperatorAnalysis:
     )
 
 
-def batch_overhead(window: MetricWindow) -> float | None:
+def fixed_batch_cost(batch_time_s: float, busy_time_s: float, parallelism: int, batches: int) -> float:
     """Seconds per micro-batch that the slots' work does not explain: (batch time - busy time /
     parallelism) / batches. Busy time is the tasks' work summed over the slots, so busy / parallelism
     is the wall time that work takes when spread evenly; the rest of a batch's time is a fixed cost
-    per batch (offsets, planning, commits, the driver's part), paid however few records it has.
-    None without micro-batch metrics or while the parallelism changed within the window."""
+    per batch (offsets, planning, commits, the driver's part), paid however few records it has."""
+    return max(0.0, (batch_time_s - busy_time_s / parallelism) / batches)
+
+
+def batch_overhead(window: MetricWindow) -> float | None:
+    """The window's `fixed_batch_cost`; None without micro-batch metrics or while the parallelism
+    changed within the window."""
     if window.batches is None or window.batch_time_s is None or window.batches == 0 or window.parallelism_changed:
         return None
-    return max(0.0, (window.batch_time_s - window.busy_time_s / window.parallelism) / window.batches)
+    return fixed_batch_cost(window.batch_time_s, window.busy_time_s, window.parallelism, window.batches)
 
 
 def batch_work(window: MetricWindow) -> float | None:

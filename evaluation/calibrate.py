@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from analyze.true_rates import fixed_batch_cost
 from contracts.messages import MetricReport
 from contracts.settings import Settings, Topics
 from evaluation.job_models import JobModelFile, fit_scaling
@@ -111,7 +112,7 @@ class Drain:
         return cls(
             parallelism=parallelism, reports=len(reports), records=records, seconds=round(seconds, 2),
             slot_rate=records / busy if busy else 0.0, throughput=records / seconds if seconds else 0.0,
-            batch_overhead_s=max(0.0, (batch_time - batch_busy / parallelism) / batches) if batches else None,
+            batch_overhead_s=fixed_batch_cost(batch_time, batch_busy, parallelism, batches) if batches else None,
             batch_work_s=batch_busy / (parallelism * batches) if batches else None,
             rate_cv=statistics.stdev(rates) / statistics.mean(rates) if len(rates) >= 3 else None,
             rates=tuple(round(r, 2) for r in rates), tasks=tuple(task_points(reports)),
@@ -119,8 +120,8 @@ class Drain:
 
 
 def batch_overheads(reports: list[MetricReport]) -> list[float]:
-    """Each report's fixed cost per micro-batch (Analysis.batch_overhead_s's formula), where it ran batches."""
-    return [round(max(0.0, ((r.batch_time_s or 0.0) - r.busy_time_s / r.parallelism) / r.batches), 3)
+    """Each report's fixed cost per micro-batch (`fixed_batch_cost`), where it ran batches."""
+    return [round(fixed_batch_cost(r.batch_time_s or 0.0, r.busy_time_s, r.parallelism, r.batches), 3)
             for r in reports if r.batches and r.records_in > 0]
 
 
@@ -167,10 +168,11 @@ def drain(bootstrap: str, parallelism: int, options: dict[str, str], records: in
     return Drain.of(parallelism, metrics.reports[1:-1])
 
 
-def warm_up(bootstrap: str, options: dict[str, str], rate: float, seconds: float, topic_partitions: int
-            ) -> list[float]:
-    """Run the job at one slot under a constant `rate` for `seconds` (see the module docstring), with
-    its own trigger so that it runs many small batches; returns each report's fixed cost per batch."""
+@contextmanager
+def under_load(bootstrap: str, options: dict[str, str], parallelism: int, rate: float, topic_partitions: int
+               ) -> Iterator[tuple[RestartFromCheckpoint, Metrics]]:
+    """The job started at `parallelism` with its own trigger, a constant `rate` of records arriving
+    from then on, and its metric reports; all stopped on exit."""
     ensure_topic(bootstrap, INPUT, topic_partitions)
     stop = threading.Event()
     load = threading.Thread(target=generate_load, args=(bootstrap, INPUT, Constant(rate)),
@@ -179,18 +181,26 @@ def warm_up(bootstrap: str, options: dict[str, str], rate: float, seconds: float
     metrics = Metrics(bootstrap)
     with tempfile.TemporaryDirectory() as tmp:
         job = RestartFromCheckpoint(job_config(bootstrap, options, Path(tmp)))
-        job.start(1)
+        job.start(parallelism)
         load.start()
-        deadline = time.monotonic() + seconds
         try:
-            while time.monotonic() < deadline:
-                metrics.poll(min(1.0, max(0.0, deadline - time.monotonic())))
+            yield job, metrics
         finally:
             stop.set()
             load.join(30)
             job.stop()
             metrics.close()
-    return batch_overheads(metrics.reports)
+
+
+def warm_up(bootstrap: str, options: dict[str, str], rate: float, seconds: float, topic_partitions: int
+            ) -> list[float]:
+    """Run the job at one slot under a constant `rate` for `seconds` (see the module docstring), with
+    its own trigger so that it runs many small batches; returns each report's fixed cost per batch."""
+    with under_load(bootstrap, options, 1, rate, topic_partitions) as (_, metrics):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            metrics.poll(min(1.0, max(0.0, deadline - time.monotonic())))
+        return batch_overheads(metrics.reports)
 
 
 def task_points(reports: list[MetricReport]) -> list[tuple[float, float]]:
@@ -216,43 +226,28 @@ def restarts(bootstrap: str, low: int, high: int, options: dict[str, str], rate:
     A scale-up is decided when the job is behind, so `behind_records` are added just before each
     one: its downtime, which runs until the restarted job's first micro-batch is done, then includes
     a full first batch, as live. A scale-down is decided at a low load with no backlog, and is measured so."""
-    ensure_topic(bootstrap, INPUT, topic_partitions)
-    stop = threading.Event()
-    load = threading.Thread(target=generate_load, args=(bootstrap, INPUT, Constant(rate)),
-                            kwargs={"duration_s": 7200, "stop_event": stop, "partitions": topic_partitions},
-                            daemon=True)
     up: list[float] = []
     down: list[float] = []
     levels: list[list[float]] = []
     tasks: list[tuple[float, float]] = []
-    metrics = Metrics(bootstrap)
-    with tempfile.TemporaryDirectory() as tmp:
-        job = RestartFromCheckpoint(job_config(bootstrap, options, Path(tmp)))
-        job.start(low)
-        load.start()
-        try:
-            for _ in range(repeat):
-                for target, into in ((high, up), (low, down)):
-                    seen = len(metrics.reports)
-                    deadline = time.monotonic() + warmup_s
-                    while time.monotonic() < deadline:
-                        metrics.poll(min(1.0, max(0.0, deadline - time.monotonic())))
-                    steady = [r for r in metrics.reports[seen + 1:]
-                              if r.source is None or r.source.backlog <= STEADY_BACKLOG_S * rate]
-                    levels.append(slot_rates(steady))
-                    tasks += task_points(steady)
-                    if target > low and behind_records > 0:
-                        generate_load(bootstrap, INPUT, Constant(FAST_PRODUCE_RATE),
-                                      duration_s=behind_records / FAST_PRODUCE_RATE, partitions=topic_partitions)
-                    outcome = job.apply(target)
-                    if not outcome.ok or outcome.downtime_s is None:
-                        raise RuntimeError(f"the rescale to {target} failed: {outcome.errors}")
-                    into.append(outcome.downtime_s)
-        finally:
-            stop.set()
-            load.join(30)
-            job.stop()
-            metrics.close()
+    with under_load(bootstrap, options, low, rate, topic_partitions) as (job, metrics):
+        for _ in range(repeat):
+            for target, into in ((high, up), (low, down)):
+                seen = len(metrics.reports)
+                deadline = time.monotonic() + warmup_s
+                while time.monotonic() < deadline:
+                    metrics.poll(min(1.0, max(0.0, deadline - time.monotonic())))
+                steady = [r for r in metrics.reports[seen + 1:]
+                          if r.source is None or r.source.backlog <= STEADY_BACKLOG_S * rate]
+                levels.append(slot_rates(steady))
+                tasks += task_points(steady)
+                if target > low and behind_records > 0:
+                    generate_load(bootstrap, INPUT, Constant(FAST_PRODUCE_RATE),
+                                  duration_s=behind_records / FAST_PRODUCE_RATE, partitions=topic_partitions)
+                outcome = job.apply(target)
+                if not outcome.ok or outcome.downtime_s is None:
+                    raise RuntimeError(f"the rescale to {target} failed: {outcome.errors}")
+                into.append(outcome.downtime_s)
     return up, down, levels, tasks
 
 
