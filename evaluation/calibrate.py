@@ -197,10 +197,7 @@ def warm_up(bootstrap: str, options: dict[str, str], rate: float, seconds: float
     """Run the job at one slot under a constant `rate` for `seconds` (see the module docstring), with
     its own trigger so that it runs many small batches; returns each report's fixed cost per batch."""
     with under_load(bootstrap, options, 1, rate, topic_partitions) as (_, metrics):
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            metrics.poll(min(1.0, max(0.0, deadline - time.monotonic())))
-        return batch_overheads(metrics.reports)
+        return batch_overheads(metrics.poll(seconds))
 
 
 def task_points(reports: list[MetricReport]) -> list[tuple[float, float]]:
@@ -234,10 +231,7 @@ def restarts(bootstrap: str, low: int, high: int, options: dict[str, str], rate:
         for _ in range(repeat):
             for target, into in ((high, up), (low, down)):
                 seen = len(metrics.reports)
-                deadline = time.monotonic() + warmup_s
-                while time.monotonic() < deadline:
-                    metrics.poll(min(1.0, max(0.0, deadline - time.monotonic())))
-                steady = [r for r in metrics.reports[seen + 1:]
+                steady = [r for r in metrics.poll(warmup_s)[seen + 1:]
                           if r.source is None or r.source.backlog <= STEADY_BACKLOG_S * rate]
                 levels.append(slot_rates(steady))
                 tasks += task_points(steady)
