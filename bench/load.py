@@ -64,6 +64,9 @@ class LoadResult:
     drain_s: float | None = None
     # After the load stops, each second: (seconds since, lag per topic, decisions so far): where a drain waits.
     drain_trace: list[tuple[float, dict[str, int], int]] = field(default_factory=list)
+    # Samples taken while the workers drain (every `sample_s`): memory is judged over the decisions made,
+    # and a slower run makes some of them after the load stopped.
+    drain_samples: list[Sample] = field(default_factory=list)
     decisions: int = 0
     windows_expected: int = 0
     decision_latency_p99_s: float | None = None
@@ -228,7 +231,12 @@ def run(
                               f"redis {sample.redis_used_mb:7.1f} MB  decisions {sample.decisions}")
         producer.flush(60)
         stopped = time.time()
+        next_sample = time.time() + sample_s
         while time.time() - stopped < 300:
+            if time.time() >= next_sample:
+                next_sample += sample_s
+                result.drain_samples.append(take_sample(round(time.time() - began), result.reports_sent, probe,
+                                                        processes, store, ports))
             left = probe.lag()
             result.drain_trace.append((round(time.time() - stopped, 1), short_topics(left), decisions_made(ports)))
             if sum(left.values()) == 0:

@@ -2,16 +2,66 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from contracts.settings import Settings, Topics
 from stack.processes import Service, free_port, start_broker, start_redis
 from stack.services import AgentWorker, start_agents
+
+# Services a wider-scoped fixture keeps for later tests; anything else a test started must be gone when it ends.
+_SHARED_SERVICES = ("tansu", "redis-server")
+
+
+def _started_processes() -> dict[int, str]:
+    """Processes a test may have left: pytest's descendants, and any agent or Spark process (a process
+    group leader that died leaves its children to init), by pid. The JVM behind a SparkSession this
+    pytest process built, and its Python workers, live as long as pytest does and are not counted."""
+    me = os.getpid()
+    found: dict[int, str] = {}
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if process.pid == me or process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmdline = " ".join(process.info["cmdline"] or [])
+            lineage = process.parents()
+            ours = any(parent.pid == me for parent in lineage)
+            gateway = any(parent.ppid() == me and parent.name() == "java" for parent in [process, *lineage])
+            if gateway or any(name in cmdline for name in _SHARED_SERVICES):
+                continue
+            if ours or "-m agent" in cmdline or "pyspark" in cmdline:
+                found[process.pid] = cmdline
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_process_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A process a test starts (agents, a Spark job, a load generator) stops with it: one left running
+    takes the 2 cores from every later test, whose figures then mean nothing. A leftover is killed and
+    the test errors with its command line."""
+    if "unit" in request.node.path.parts:
+        yield
+        return
+    before = set(_started_processes())
+    yield
+    deadline = time.monotonic() + 5.0
+    left = {pid: cmd for pid, cmd in _started_processes().items() if pid not in before}
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = {pid: cmd for pid, cmd in _started_processes().items() if pid not in before}
+    for pid in left:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(pid).kill()
+    assert not left, f"processes outlived the test (killed now): {[cmd[:200] for cmd in left.values()]}"
 
 
 @pytest.fixture(scope="session")
