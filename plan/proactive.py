@@ -90,7 +90,7 @@ def predicted_recovery_s(
     rates: tuple[Sequence[float], float] | None = None,
 ) -> float | None:
     """The recovery time Daedalus predicts for a rescale to `to`, whichever policy chose it, as the
-    recovery detector will observe it (the expected restart and replay, not the worst case): with
+    recovery detector will observe it (the expected restart, nothing replayed; not the worst case): with
     `rates` (values, step) when given, else the forecast when there is one (a flat arrival rate
     otherwise), and the capacity the policy plans with. None when the job reports no arrival rate or
     no capacity is known."""
@@ -103,11 +103,13 @@ def predicted_recovery_s(
     else:
         values, step_s = [analysis.arrival_rate], config.target_recovery_s
     # A prediction of what will be observed: the typical restart, not the planner's slowest recent one,
-    # and half a checkpoint interval replayed (the stop falls anywhere within one), not all of it.
+    # and nothing replayed. The job stops between micro-batches (`pipeline.kafka_source.stop_between_batches`:
+    # the batch in flight completes and commits, none starts), so the restarted query resumes at the first
+    # record not yet processed. The replay of a stop that interrupts a batch (`checkpoint_interval_s`, the
+    # worst case) stays in the planner's choice, where it is a safety margin, not an expectation.
     downtime = min(downtimes.typical("up" if to > analysis.parallelism else "down", config.restart_time_s),
                    config.restart_time_cap_s)
-    prediction = predict_recovery(capacity_of(to), values, step_s, float(analysis.backlog or 0), downtime,
-                                  replay_records(config.checkpoint_interval_s / 2, analysis.arrival_rate),
+    prediction = predict_recovery(capacity_of(to), values, step_s, float(analysis.backlog or 0), downtime, 0.0,
                                   beyond_horizon_s=max(0.0, 10 * config.target_recovery_s - len(values) * step_s),
                                   caught_up_records=caught_up_records(analysis, config))
     return prediction.seconds if math.isfinite(prediction.seconds) else None

@@ -242,6 +242,10 @@ def test_ds2_rescales_are_predicted_with_ds2_capacity_and_a_flat_forecast() -> N
     no_tolerance = cfg(policy="default", backlog_tolerance_s=0)
     assert predicted_recovery_s(a, no_tolerance, 5, Downtimes(), ds2.capacity_of(a, no_tolerance)) == pytest.approx(
         20 + 350 * 20 / 150, rel=1e-6)
+    # The job stops between micro-batches: nothing is replayed, whatever the worst case the planner keeps.
+    checkpointed = cfg(policy="default", checkpoint_interval_s=10)
+    assert predicted_recovery_s(a, checkpointed, 5, Downtimes(), ds2.capacity_of(a, checkpointed)) == pytest.approx(
+        value, rel=1e-9)
 
 
 @settings(max_examples=60, deadline=None)
