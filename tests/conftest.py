@@ -52,12 +52,16 @@ def no_process_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[Non
         yield
         return
     before = set(_started_processes())
+
+    def leftovers() -> dict[int, str]:
+        return {pid: cmd for pid, cmd in _started_processes().items() if pid not in before}
+
     yield
     deadline = time.monotonic() + 5.0
-    left = {pid: cmd for pid, cmd in _started_processes().items() if pid not in before}
+    left = leftovers()
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = {pid: cmd for pid, cmd in _started_processes().items() if pid not in before}
+        left = leftovers()
     for pid in left:
         with contextlib.suppress(psutil.NoSuchProcess):
             psutil.Process(pid).kill()

@@ -32,7 +32,7 @@ def test_a_thousand_jobs_reporting_every_second_are_kept_up_with_in_bounded_memo
     assert result.median_lag <= 15 * 1000, lags
     assert result.max_lag <= 30 * 1000, lags
     # The backlog drains once the load stops. How fast is a speed goal, measured by `python -m bench.load`
-    # (docs/reliability.md), not asserted here: from 4 s to 42 s across runs on this machine.
+    # (docs/reliability.md), not asserted here: from 2.8 s to 42 s across runs on this machine, 92 s once in CI.
     assert result.drain_s is not None and result.drain_s <= 120, result.drain_trace
     # Nothing lost: one decision for every window the reports closed.
     assert result.decisions == result.windows_expected
