@@ -37,13 +37,14 @@ class Learned:
     recovery_from: int | None = None  # the parallelism before the rescale being recovered from
     windows: int = 0
     last_backlog: float | None = None  # of the previous window, when it reported one
+    last_report_at: float | None = None  # when the previous window's last report ended
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "capacity": self.capacity.to_dict(), "detector": self.detector.to_dict(),
             "parallelism": self.parallelism, "windows_at_parallelism": self.windows_at_parallelism,
             "last_window_end": self.last_window_end, "recovery_from": self.recovery_from, "windows": self.windows,
-            "last_backlog": self.last_backlog,
+            "last_backlog": self.last_backlog, "last_report_at": self.last_report_at,
         }
 
     @classmethod
@@ -52,12 +53,22 @@ class Learned:
             capacity=CapacityModel.from_dict(data["capacity"]), detector=RecoveryDetector.from_dict(data["detector"]),
             parallelism=data["parallelism"], windows_at_parallelism=int(data["windows_at_parallelism"]),
             last_window_end=data["last_window_end"], recovery_from=data["recovery_from"], windows=int(data["windows"]),
-            last_backlog=data.get("last_backlog"),  # absent in what was stored before it was kept
+            # Absent in what was stored before they were kept.
+            last_backlog=data.get("last_backlog"), last_report_at=data.get("last_report_at"),
         )
 
 
 def new_learned(anomaly_k: float = 1.0, backlog_tolerance_s: float = 10.0) -> Learned:
     return Learned(detector=RecoveryDetector(k=anomaly_k, backlog_tolerance_s=backlog_tolerance_s))
+
+
+def _at(window: MetricWindow) -> float:
+    """When the window's backlog was measured: its last report's end (else the window's end)."""
+    return _first(window.last_report_at, window.window_end)
+
+
+def _first(*values: float | None) -> float:
+    return next(v for v in values if v is not None)
 
 
 def _throughput(window: MetricWindow) -> float:
@@ -74,18 +85,21 @@ def learn(
     first = rescaled or learned.parallelism is None
     learned.windows_at_parallelism = 1 if first else learned.windows_at_parallelism + 1
     if rescaled and learned.last_window_end is not None:
-        # The job stopped after the last window at the old parallelism; no reports came meanwhile.
-        stopped = learned.last_window_end
+        # The job stopped after the last report at the old parallelism (the reporter publishes one
+        # when the query stops); the window grid is the fallback for windows without report times.
+        stopped = _first(window.stopped_at, learned.last_report_at, learned.last_window_end)
         learned.detector.start_recovery(stopped)
         learned.recovery_from = learned.parallelism
-        # Its reports cover the time since it resumed: then the backlog of the stop and what arrived
-        # since waited (the recovery detector times a short return from there, not from the window's end).
-        resumed = window.window_end - window.observed_s
-        if window.source is not None and learned.last_backlog is not None and stopped <= resumed < window.window_end:
+        # The restarted job's reports begin when it resumed: then the backlog of the stop and what
+        # arrived since waited (the recovery detector times a short return from there, not from the
+        # window's end).
+        resumed = _first(window.first_report_at, window.window_end - window.observed_s)
+        if window.source is not None and learned.last_backlog is not None and stopped <= resumed < _at(window):
             arrival = window.source.arrival_rate
             learned.detector.resumed(resumed, arrival, learned.last_backlog + arrival * (resumed - stopped))
     learned.parallelism = p
     learned.last_window_end = window.window_end
+    learned.last_report_at = window.last_report_at
     learned.windows += 1
     if window.source is not None and window.source.backlog is not None:
         learned.last_backlog = float(window.source.backlog)
@@ -102,11 +116,11 @@ def learn(
     # A window spanning the restart counts when it reports the backlog: by its end the job caught up or not.
     if window.source is not None and (not window.parallelism_changed or window.source.backlog is not None):
         started_at = learned.detector.recovery_start
-        observed = learned.detector.observe(window.window_end, window.source.arrival_rate, _throughput(window),
+        observed = learned.detector.observe(_at(window), window.source.arrival_rate, _throughput(window),
                                             window.source.backlog)
         if observed is not None:
             recovery = RecoveryView(
-                started_at=window.window_end - observed if started_at is None else started_at,
+                started_at=_at(window) - observed if started_at is None else started_at,
                 observed_s=observed, judge="backlog" if window.source.backlog is not None else learned.detector.judge,
                 from_parallelism=learned.recovery_from or p, to_parallelism=p,
             )

@@ -165,6 +165,15 @@ class MetricWindow(Contract):
         default_factory=list, description="Per worker, when the reports say how busy it was."
     )
     closed_at: float = Field(default_factory=time.time, description="Wall time the window was closed.")
+    first_report_at: float | None = Field(
+        None, description="Metric time the first report at the window's parallelism began (a restarted job's "
+                          "resumption, in the first window after a rescale)."
+    )
+    last_report_at: float | None = Field(None, description="Metric time the last report ended.")
+    stopped_at: float | None = Field(
+        None, description="When the window spans a rescale: metric time the last report at another "
+                          "parallelism ended (the old job's stop)."
+    )
 
 
 # ---------------------------------------------------------------- internal: analyze -> plan

@@ -137,6 +137,11 @@ def _fold(state: WindowState, report: MetricReport) -> None:
         worker["batch_time"] = worker.get("batch_time", 0.0) + (report.batch_time_s or 0.0)
     worker["first_begin"] = min(worker["first_begin"], report.timestamp - report.interval_s)
     worker["last_end"] = max(worker["last_end"], report.timestamp)
+    # When the reports at each parallelism begin and end: a window that spans a rescale says when
+    # the old job stopped and the new one resumed (recovery timing), not only the window grid.
+    span = worker.setdefault("spans", {}).setdefault(str(report.parallelism), [report.timestamp - report.interval_s,
+                                                                               report.timestamp])
+    span[0], span[1] = min(span[0], report.timestamp - report.interval_s), max(span[1], report.timestamp)
     worker["parallelism_last"] = report.parallelism
     if report.shuffle_partitions is not None:
         worker["shuffle_partitions"] = report.shuffle_partitions
@@ -197,7 +202,19 @@ def close_window(state: WindowState, job_id: str, interval_s: float) -> MetricWi
         shuffle_partitions=last_worker.get("shuffle_partitions"),
         operators=_operator_windows(workers, observed),
         worker_loads=_worker_loads(state["workers"], last_worker["parallelism_last"]),
+        **_report_times(workers, last_worker["parallelism_last"]),
     )
+
+
+def _report_times(workers: Any, parallelism: int) -> dict[str, float | None]:
+    """first_report_at, last_report_at and stopped_at of the window (see MetricWindow); a state
+    folded before spans were kept gives only the last report's end."""
+    spans = [w.get("spans", {}) for w in workers]
+    current = [s[str(parallelism)] for s in spans if str(parallelism) in s]
+    others = [span[1] for s in spans for p, span in s.items() if p != str(parallelism)]
+    return {"first_report_at": min(span[0] for span in current) if current else None,
+            "last_report_at": max(w["last_end"] for w in workers),
+            "stopped_at": max(others) if others else None}
 
 
 def _worker_loads(workers: dict[str, Any], parallelism: int) -> list[WorkerWindow]:

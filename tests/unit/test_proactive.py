@@ -141,6 +141,37 @@ def test_a_short_recovery_is_timed_from_when_the_restarted_job_resumed() -> None
     assert Learned.from_dict({k: v for k, v in learned.to_dict().items() if k != "last_backlog"}).last_backlog is None
 
 
+def test_a_restart_is_timed_from_its_reports_not_from_the_window_grid() -> None:
+    """The stop is the end of the old job's last report (the reporter publishes one as the query
+    stops) and the resumption the start of the new job's first: a window grid of 10 s would put the
+    stop at 1110, after the restarted job resumed (1109), and time the return at a window's end."""
+    def at(ts: float, parallelism: int, backlog: int, interval_s: float = 5.0) -> Any:
+        return report(ts, parallelism=parallelism, interval_s=interval_s, records_in=round(300 * interval_s),
+                      busy_time_s=0.5 * interval_s, source={"arrival_rate": 300.0, "backlog": backlog, "partitions": 4})
+
+    reports = [at(1005.0 + 5 * i, 2, 200) for i in range(20)] + [at(1103.0, 2, 200, 3.0)]
+    reports += [at(1114.5, 1, 900, 5.5)] + [at(1119.5 + 5 * i, 1, 800) for i in range(8)]
+    _, windows = fold(reports)
+    learned, recoveries = new_learned(), []
+    for w in windows:
+        learned, _, recovery = feed(learned, w)
+        recoveries.append(recovery)
+    first = next(w for w in windows if w.parallelism == 1)
+    assert (first.first_report_at, first.stopped_at) == (1109.0, None)
+    done = [r for r in recoveries if r is not None]
+    assert len(done) == 1 and done[0].started_at == 1103.0
+    # 200 + 6 s x 300 waited at the resumption, within 10 s of arrivals: back to normal then.
+    assert done[0].observed_s == pytest.approx(6.0)
+
+
+def test_a_window_spanning_a_rescale_says_when_the_old_job_stopped_and_the_new_one_resumed() -> None:
+    reports = [report(1001.0, parallelism=2), report(1003.0, parallelism=2, interval_s=2.0),
+               report(1008.0, parallelism=3, interval_s=2.5), report(1009.0, parallelism=3), report(1011.0)]
+    _, (w,) = fold(reports)
+    assert (w.parallelism, w.parallelism_changed) == (3, True)
+    assert (w.stopped_at, w.first_report_at, w.last_report_at) == (1003.0, 1005.5, 1009.0)
+
+
 # ---------------------------------------------------------------- plan: daedalus and hybrid
 
 
