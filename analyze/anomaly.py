@@ -17,9 +17,10 @@ when the backlog is back within `backlog_tolerance_s` seconds of arrivals (Daeda
 with the tolerance the scale-down control and the recovery prediction use). A job that only keeps
 pace while a large backlog stays is not back to normal; a job at its capacity whose small backlog
 swings (its lag rate outside a band learned at lower load) is. The return is then timed between
-window ends: the backlog's excess over the tolerance is interpolated linearly between the last point
-above it and the first within it, so the observed time is not rounded to the window grid (when the
-first point after the start is already within the tolerance, its time is the end).
+points (the caller gives each the time its backlog was measured): the backlog's excess over the
+tolerance is interpolated linearly between the last point above it and the first within it, so the
+observed time is not rounded to the window grid (when the first point after the start is already
+within the tolerance, its time is the end, unless `resumed` gave the moment the job resumed).
 
 Without the backlog, a point is judged by the lag rate: within the band (statistical), or, until
 `min_normal_samples` normal points have been seen, keeping up (lag rate <= 0: a fallback that can
