@@ -333,6 +333,9 @@ def model_file(result: Calibration, name: str, options: dict[str, str], work_s: 
         downtime_up_s=round(statistics.median(result.downtimes_up), 2),
         downtime_down_s=round(statistics.median(result.downtimes_down), 2),
         rate_noise=round(noise, 4),
+        # The trigger the runner gives jobs (the calibration's own drains run back to back): with it a
+        # job with little to do runs one batch per interval, so DS2's rate at low load is as live.
+        trigger_interval_s=SparkJobConfig.trigger_interval_s or 0.0,
         measured={
             "how": "autoscaler calibrate: after a warm-up at one slot (warm_up_overheads_s), backlogs drained at each "
                    "parallelism, then restarts under load (each "

@@ -53,6 +53,9 @@ class JobModelFile(BaseModel):
     rate_noise: Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)] = Field(
         description="Log-sd of the per-window processing rate (10-s windows).")
     checkpoint_interval_s: PositiveSeconds = 5.0
+    trigger_interval_s: Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)] = Field(
+        0.0, description="The job's processing-time trigger: a micro-batch starts at most this often (0: back to "
+                         "back).")
     partitions: Annotated[int, Field(ge=1, le=100_000)] = 64
     measured: dict[str, Any] = Field(default_factory=dict, description="How, when and what was measured.")
 
@@ -66,7 +69,8 @@ class JobModelFile(BaseModel):
         return JobModel(operators=(operator,), fused=True, partitions=self.partitions,
                         checkpoint_interval_s=self.checkpoint_interval_s, downtime_up_s=self.downtime_up_s,
                         downtime_down_s=self.downtime_down_s, batch_overhead_s=self.batch_overhead_s,
-                        batch_work_s=self.batch_work_s, task_overhead_s=self.task_overhead_s)
+                        batch_work_s=self.batch_work_s, task_overhead_s=self.task_overhead_s,
+                        trigger_interval_s=self.trigger_interval_s)
 
 
 def load_job_model(path: str | Path | None = None) -> JobModelFile:

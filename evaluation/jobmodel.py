@@ -83,6 +83,9 @@ class JobModel:
     batch_overhead_s: float = 0.0
     batch_work_s: float = 5.0
     task_overhead_s: float = 0.0
+    # A processing-time trigger starts a micro-batch at most every trigger_interval_s (0: back to back):
+    # a job with little to do runs fewer batches, so fewer task costs, than one without a trigger.
+    trigger_interval_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.operators:
@@ -91,6 +94,8 @@ class JobModel:
             raise ValueError("batch overhead must be >= 0 and batch work > 0")
         if not 0 <= self.task_overhead_s < self.batch_work_s:
             raise ValueError("the task overhead must be >= 0 and less than a full batch's work")
+        if self.trigger_interval_s < 0:
+            raise ValueError("the trigger interval must be >= 0")
 
     def reaching(self) -> list[float]:
         """Records reaching each operator per source record (the product of upstream selectivities)."""
@@ -162,6 +167,7 @@ class WindowOutcome:
     capacity: float
     busy_slot_s: float
     batches: int | None = None  # micro-batches run (None for a model without them)
+    batch_time_s: float | None = None  # wall time the batches ran (waits for the trigger left out)
 
 
 def rescale(model: JobModel, state: JobState, to: int | Sequence[int], at: float) -> float:
@@ -189,10 +195,17 @@ def advance(model: JobModel, state: JobState, start: float, length_s: float, arr
     # Floating-point round-off must not leave a backlog (and so a busy time) a hair below zero.
     state.backlog = max(0.0, state.backlog + arrivals - processed)
     paid = sum(state.parallelism) if not model.fused else state.job_parallelism
-    batches = None
+    batches = batch_time = None
     if model.fused:
         busy = processed * model.slot_seconds_per_record(state.job_parallelism) / rate_factor
-        batches = micro_batches(model, running, busy / (paid * running)) if processed > 0 else None
+        share = busy / (paid * running) if processed > 0 else 0.0
+        batches = micro_batches(model, running, share) if processed > 0 else None
+        if batches is not None:
+            # Each batch runs its fixed costs and its work; a triggered job that keeps ahead of its
+            # trigger waits between them, one that does not runs them back to back.
+            fixed = model.batch_overhead_s + model.task_overhead_s
+            waits = share < 1 and fixed / (1 - share) < model.trigger_interval_s
+            batch_time = min(running, batches * fixed + share * running) if waits else running
         busy += (batches or 0) * paid * model.task_overhead_s
     else:
         busy = sum(processed * r / (op.instance_rate(model.usable(p)) * rate_factor)
@@ -203,7 +216,7 @@ def advance(model: JobModel, state: JobState, start: float, length_s: float, arr
     state.arrived += arrivals
     if running > 0:
         state.last_rate = processed / running
-    return WindowOutcome(processed, running, capacity, busy, batches)
+    return WindowOutcome(processed, running, capacity, busy, batches, batch_time)
 
 
 def micro_batches(model: JobModel, running_s: float, work_share: float) -> int | None:
@@ -212,13 +225,14 @@ def micro_batches(model: JobModel, running_s: float, work_share: float) -> int |
 
     A batch takes its fixed costs (the batch's and its tasks') plus the work on what arrived during
     the one before: d = (overhead + task overhead) / (1 - share), at most overhead + a full batch's
-    work (saturated). The analysis then measures exactly the model's batch overhead: (running_s -
-    busy per slot) / (running_s / d) = d (1 - share) - task overhead = overhead."""
+    work (saturated), and at least the trigger interval (a batch that finishes early waits for it).
+    The analysis then measures exactly the model's batch overhead: (batch time - busy per slot) /
+    batches, with a batch time of batches x (fixed costs) + share x running_s."""
     if not model.batched or running_s <= 0:
         return None
     fixed = model.batch_overhead_s + model.task_overhead_s
     full = model.batch_overhead_s + model.batch_work_s
-    duration = full if work_share >= 1 else min(full, fixed / (1 - work_share))
+    duration = full if work_share >= 1 else min(full, max(model.trigger_interval_s, fixed / (1 - work_share)))
     return max(1, round(running_s / duration))
 
 
@@ -245,7 +259,7 @@ def report(model: JobModel, state: JobState, job_id: str, end: float, outcome: W
             previous = [op.name]
     utilization = min(1.0, outcome.busy_slot_s / (p * outcome.running_s))
     batches = outcome.batches if records else None
-    batch_time = outcome.running_s if batches else None
+    batch_time = (outcome.batch_time_s if outcome.batch_time_s is not None else outcome.running_s) if batches else None
     return MetricReport(
         job_id=job_id, timestamp=end, interval_s=outcome.running_s, parallelism=p, records_in=records,
         records_out=round(outcome.processed * out_factor), busy_time_s=outcome.busy_slot_s,

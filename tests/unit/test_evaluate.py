@@ -74,6 +74,26 @@ def test_real_time_replay_keeps_the_traces_own_short_term_variation() -> None:
     assert np.array_equal(a.rates, load_trace("wiki", hours=6.0, regime="real-time", seed=1).rates)
 
 
+@given(rows=st.lists(st.floats(0, 1000), min_size=4, max_size=60), row_s=st.sampled_from([0.5, 2.5, 3.125, 4.0]))
+def test_windows_of_fast_rows_keep_the_load_generators_pace(rows: list[float], row_s: float) -> None:
+    """Each window holds the records its own 10 s of the replay sends, rows split at its edges
+    included: with 3.125-s rows (a day of 5-min rows in 15 min) window k covers rows 3.2 k to 3.2 (k + 1),
+    and the replay does not fall behind by 0.2 rows a window."""
+    from evaluation.traces import window_means
+
+    values = np.asarray(rows)
+    means = window_means(values, row_s, 10.0)
+    assert len(means) == int(len(values) * row_s // 10.0 + 1e-9)
+    for k, mean in enumerate(means):
+        start, end = 10.0 * k, 10.0 * (k + 1)
+        sent = sum(v * max(0.0, min(end, (i + 1) * row_s) - max(start, i * row_s)) for i, v in enumerate(values))
+        assert mean * 10.0 == pytest.approx(sent, rel=1e-9, abs=1e-6)
+    if 10.0 / row_s == int(10.0 / row_s):  # whole rows per window: their plain mean
+        per = int(10.0 / row_s)
+        usable = values[: len(means) * per]
+        assert np.allclose(means, usable.reshape(-1, per).mean(axis=1))
+
+
 def test_static_pays_its_slots_for_the_whole_replay_and_never_rescales() -> None:
     trace = load_trace("steps", hours=1.0, peak=1000.0)
     model = demo_model()

@@ -176,15 +176,19 @@ def test_simulated_micro_batches_show_the_models_fixed_cost_per_batch(share: flo
     assert micro_batches(JobModelFile(**base).model(), 600.0, share) is None
 
 
+@pytest.mark.parametrize("trigger_s", [0.0, 1.0])
 @pytest.mark.parametrize("task_s", [0.0, 0.5])
-def test_a_task_cost_lowers_small_batch_rates_and_the_planner_sees_through_it(task_s: float) -> None:
+def test_a_task_cost_lowers_small_batch_rates_and_the_planner_sees_through_it(task_s: float,
+                                                                              trigger_s: float) -> None:
     """The simulated reports of a job with a per-task cost: DS2's rate falls at low load, the batch
-    overhead is measured exactly, and plan.batching's fit turns a low-load rate into the capacity."""
+    overhead is measured exactly, and plan.batching's fit turns a low-load rate into the capacity,
+    with batches back to back or started by a trigger."""
     from evaluation.jobmodel import JobState, advance, report
     from plan.batching import BatchCost
 
     model = JobModelFile(name="m", slot_rate=200.0, downtime_up_s=20.0, downtime_down_s=10.0, rate_noise=0.0,
-                         batch_overhead_s=0.4, batch_work_s=5.0, task_overhead_s=task_s).model()
+                         batch_overhead_s=0.4, batch_work_s=5.0, task_overhead_s=task_s,
+                         trigger_interval_s=trigger_s).model()
     p = 2
     capacity = model.capacity(p)
     assert capacity == pytest.approx(p * 200.0 * 5.0 / 5.4, rel=1e-9)  # full batches: DS2 rate x share
@@ -211,3 +215,28 @@ def test_a_task_cost_lowers_small_batch_rates_and_the_planner_sees_through_it(ta
     assert r is not None and r.batches
     seen = p * r.records_in / r.busy_time_s * batch.saturation_factor(r.records_in / (p * r.batches))
     assert seen * batch.efficiency == pytest.approx(capacity, rel=0.03)
+
+
+def test_a_trigger_spaces_a_quiet_jobs_batches_so_its_rate_at_low_load_is_higher() -> None:
+    """A processing-time trigger starts a batch at most once per interval: a job with little to do
+    runs one batch a second instead of one every (fixed costs) / (1 - share) seconds, and pays fewer
+    task costs, as the live job does (its trigger is the runner's 1 s)."""
+    from evaluation.jobmodel import JobState, advance, report
+
+    base = {"name": "m", "slot_rate": 240.0, "downtime_up_s": 11.0, "downtime_down_s": 7.0, "rate_noise": 0.0,
+            "batch_overhead_s": 0.24, "batch_work_s": 5.0, "task_overhead_s": 0.19}
+    rates, counts = {}, {}
+    for trigger in (0.0, 1.0):
+        model = JobModelFile(**base, trigger_interval_s=trigger).model()
+        state = JobState(parallelism=[2])
+        outcome = advance(model, state, 0.0, 60.0, 150.0)
+        r = report(model, state, "j", 60.0, outcome, 150.0)
+        assert r is not None and r.batches and r.batch_time_s is not None
+        rates[trigger], counts[trigger] = r.records_in / r.busy_time_s, r.batches
+        assert (r.batch_time_s - r.busy_time_s / 2) / r.batches == pytest.approx(0.24, rel=0.05)
+    assert counts[1.0] == 60 and counts[0.0] > 1.5 * 60
+    assert rates[1.0] > 1.2 * rates[0.0]
+    # Saturated, the trigger changes nothing: batches run back to back, full.
+    full = {t: advance(JobModelFile(**base, trigger_interval_s=t).model(), JobState(parallelism=[2], backlog=1e6),
+                       0.0, 60.0, 600.0) for t in (0.0, 1.0)}
+    assert full[0.0] == full[1.0]
