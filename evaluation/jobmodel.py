@@ -203,9 +203,8 @@ def advance(model: JobModel, state: JobState, start: float, length_s: float, arr
         if batches is not None:
             # Each batch runs its fixed costs and its work; a triggered job that keeps ahead of its
             # trigger waits between them, one that does not runs them back to back.
-            fixed = model.batch_overhead_s + model.task_overhead_s
-            waits = share < 1 and fixed / (1 - share) < model.trigger_interval_s
-            batch_time = min(running, batches * fixed + share * running) if waits else running
+            waits = _back_to_back_s(model, share) < model.trigger_interval_s
+            batch_time = min(running, batches * _fixed_s(model) + share * running) if waits else running
         busy += (batches or 0) * paid * model.task_overhead_s
     else:
         busy = sum(processed * r / (op.instance_rate(model.usable(p)) * rate_factor)
@@ -230,10 +229,20 @@ def micro_batches(model: JobModel, running_s: float, work_share: float) -> int |
     batches, with a batch time of batches x (fixed costs) + share x running_s."""
     if not model.batched or running_s <= 0:
         return None
-    fixed = model.batch_overhead_s + model.task_overhead_s
     full = model.batch_overhead_s + model.batch_work_s
-    duration = full if work_share >= 1 else min(full, max(model.trigger_interval_s, fixed / (1 - work_share)))
+    duration = min(full, max(model.trigger_interval_s, _back_to_back_s(model, work_share)))
     return max(1, round(running_s / duration))
+
+
+def _fixed_s(model: JobModel) -> float:
+    """A micro-batch's fixed wall time: the batch's overhead and its tasks'."""
+    return model.batch_overhead_s + model.task_overhead_s
+
+
+def _back_to_back_s(model: JobModel, work_share: float) -> float:
+    """How long a batch takes when each holds what arrived during the one before (no trigger):
+    its fixed costs over the share of time not spent on records (unbounded when saturated)."""
+    return _fixed_s(model) / (1 - work_share) if work_share < 1 else math.inf
 
 
 def report(model: JobModel, state: JobState, job_id: str, end: float, outcome: WindowOutcome,
@@ -259,7 +268,7 @@ def report(model: JobModel, state: JobState, job_id: str, end: float, outcome: W
             previous = [op.name]
     utilization = min(1.0, outcome.busy_slot_s / (p * outcome.running_s))
     batches = outcome.batches if records else None
-    batch_time = (outcome.batch_time_s if outcome.batch_time_s is not None else outcome.running_s) if batches else None
+    batch_time = outcome.batch_time_s if batches else None
     return MetricReport(
         job_id=job_id, timestamp=end, interval_s=outcome.running_s, parallelism=p, records_in=records,
         records_out=round(outcome.processed * out_factor), busy_time_s=outcome.busy_slot_s,

@@ -135,13 +135,13 @@ def _fold(state: WindowState, report: MetricReport) -> None:
     if report.batches is not None:
         worker["batches"] = worker.get("batches", 0) + report.batches
         worker["batch_time"] = worker.get("batch_time", 0.0) + (report.batch_time_s or 0.0)
-    worker["first_begin"] = min(worker["first_begin"], report.timestamp - report.interval_s)
+    begin = report.timestamp - report.interval_s
+    worker["first_begin"] = min(worker["first_begin"], begin)
     worker["last_end"] = max(worker["last_end"], report.timestamp)
     # When the reports at each parallelism begin and end: a window that spans a rescale says when
     # the old job stopped and the new one resumed (recovery timing), not only the window grid.
-    span = worker.setdefault("spans", {}).setdefault(str(report.parallelism), [report.timestamp - report.interval_s,
-                                                                               report.timestamp])
-    span[0], span[1] = min(span[0], report.timestamp - report.interval_s), max(span[1], report.timestamp)
+    span = worker.setdefault("spans", {}).setdefault(str(report.parallelism), [begin, report.timestamp])
+    span[0], span[1] = min(span[0], begin), max(span[1], report.timestamp)
     worker["parallelism_last"] = report.parallelism
     if report.shuffle_partitions is not None:
         worker["shuffle_partitions"] = report.shuffle_partitions
