@@ -41,6 +41,13 @@ WINDOW_FIELDS = {"window_end", "parallelism", "valid", "arrival_rate", "backlog"
                  "true_processing_rate", "utilization", "batch_overhead_s", "batch_work_s"}
 
 
+def load_start(run: LiveRun) -> float:
+    """When the load's first records were due, as the load generator says (its process starts a few
+    seconds after it is launched, at `run.started`)."""
+    began = run.load_summary.get("began_at")
+    return float(began) if isinstance(began, int | float) and began > 0 else run.started
+
+
 def live_measures(run: LiveRun, backlog_target_s: float, initial_parallelism: int = 1) -> dict[str, Any]:
     """The simulator's measures from what the agents published: windows (arrival, backlog) and the
     completed rescales (the parallelism is paid from the moment the job stopped for it)."""
@@ -56,10 +63,7 @@ def live_measures(run: LiveRun, backlog_target_s: float, initial_parallelism: in
         paid += p * (at - t)
         t, p = at, to
     paid += p * (end - t)
-    # The job's start against the load's: the load generator says when its first records were due (its
-    # process starts a few seconds after it is launched, at `run.started`).
-    began = run.load_summary.get("began_at")
-    load_began = float(began) if isinstance(began, int | float) and began > 0 else run.started
+    load_began = load_start(run)
     lags = np.array([(a.backlog or 0) / a.arrival_rate if a.arrival_rate else 0.0 for a in windows])
     beyond = sum(WINDOW_S for a in windows if (a.backlog or 0) > backlog_target_s * (a.arrival_rate or 0.0))
     return {"slot_seconds": paid, "beyond_target_s": beyond, "lag_p95_s": float(np.percentile(lags, 95)),
@@ -77,9 +81,9 @@ def simulated_replay(trace_name: str, policy: str, settings: EvalSettings, minut
     (Spark's start-up: its first window begins then): so does the simulated one."""
     replay_s = minutes * 60
     rows = math.ceil(trace_hours * 3600 / NATIVE_ROW_SECONDS[trace_name])
-    # The load generator maps the trace's min..max onto LOW_FRACTION x peak..peak: so does this replay.
+    # What the load generator sends: its rows' min..max onto LOW_FRACTION x peak..peak, linear between rows.
     trace = replay(builtin_series(trace_name), hours=replay_s / 3600, rate=settings.peak, scaling="stretch",
-                   row_replay_s=replay_s / rows)
+                   row_replay_s=replay_s / rows, as_load_generator=True)
     config = eval_config(settings).model_copy(update={"policy": policy})
     # As the live analyze agent forecasts: one point per metric window (the offline evaluation's
     # forecaster sees one a minute), so both fit their first model after as many windows.
@@ -89,7 +93,8 @@ def simulated_replay(trace_name: str, policy: str, settings: EvalSettings, minut
     for seed in range(settings.first_seed, settings.first_seed + settings.seeds):
         run = simulate(trace, model, PolicyRunner(make_policy(policy), config), config, 1, settings.backlog_target_s,
                        forecasts, seed=seed, rate_noise=settings.noise, start_s=start_s)
-        runs.append(run.summary() | {"seed": seed, "recoveries": run.recoveries})
+        runs.append(run.summary() | {"seed": seed, "recoveries": run.recoveries,
+                                     "measured_live": run.as_measured_live(settings.backlog_target_s)})
     return trace, runs
 
 
@@ -111,12 +116,15 @@ def compare(console: Console, out: dict[str, Any], settings: EvalSettings) -> di
     trace, runs = simulated_replay(out["trace"], out["policy"], settings, out["minutes"], out["trace_hours"],
                                    start_s=live_start_s(out))
     table = Table(title=f"{trace.description}: live against simulated (policy {out['policy']}, job model "
-                        f"{settings.job().name}, {len(runs)} noise seeds)", title_justify="left")
+                        f"{settings.job().name}, {len(runs)} noise seeds; backlog and lag over the windows the job "
+                        "reported in, as live)", title_justify="left")
     for column in ("measure", "live", "simulated median", "simulated range", "difference"):
         table.add_column(column, justify="right" if column != "measure" else "left")
     medians, differences = {}, {}
     for key in COMPARED:
-        values = sorted(float(r[key]) for r in runs)
+        # Like with like: what the live run cannot see (the backlog while the job is down) is left out of the
+        # simulated measures too; the simulated true peak stays in each run's summary.
+        values = sorted(float(r.get("measured_live", {}).get(key, r[key])) for r in runs)
         medians[key] = float(np.median(values))
         a = float(live[key])
         differences[key] = None if a == 0 else (medians[key] - a) / a
@@ -244,7 +252,7 @@ def run_live_evaluation(console: Console, trace_name: str, policy: str, settings
     out = {"trace": trace_name, "policy": policy, "minutes": minutes, "trace_hours": trace_hours, "peak": peak,
            "max_parallelism": settings.max_parallelism, "wall_s": round(time.time() - started, 1),
            "live": live_measures(run, settings.backlog_target_s), "load": run.load_summary,
-           "recoveries": run.recoveries(),
+           "recoveries": run.recoveries(), "decisions": run.decision_rows(load_start(run)),
            "windows": [a.model_dump(mode="json", include=WINDOW_FIELDS) for a in run.analyses],
            "timeline": run.timeline()}
     path = json_out.with_name(json_out.stem + f"-live-{trace_name}.json")

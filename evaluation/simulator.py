@@ -114,6 +114,8 @@ class Timeline:
     capacity: list[float] = field(default_factory=list)
     parallelism: list[int] = field(default_factory=list)
     backlog: list[float] = field(default_factory=list)
+    # Whether the job reported in the window (a live run measures nothing while the job is down).
+    observed: list[bool] = field(default_factory=list)
 
 
 @dataclass
@@ -142,6 +144,20 @@ class PolicyRun:
     @property
     def peak_backlog(self) -> float:
         return round(max(self.timeline.backlog), 1)
+
+    def as_measured_live(self, backlog_target_s: float) -> dict[str, float]:
+        """Peak backlog, 95th-percentile lag and time beyond the target over the windows the job reported
+        in, as a live run measures them (`evaluation.live.live_measures`: no window is published while
+        the job is down for a restart, so a restart's peak is seen only once the job reports again). The
+        run's own measures count every window's true backlog."""
+        seen = [(a, b) for a, b, o in zip(self.timeline.arrival, self.timeline.backlog, self.timeline.observed,
+                                          strict=True) if o]
+        if not seen:
+            return {"peak_backlog": 0.0, "lag_p95_s": 0.0, "beyond_target_s": 0.0}
+        window_s = self.timeline.t[0] if self.timeline.t else 0.0
+        lags = np.array([b / a if a > 0 else 0.0 for a, b in seen])
+        return {"peak_backlog": round(max(b for _, b in seen), 1), "lag_p95_s": float(np.percentile(lags, 95)),
+                "beyond_target_s": window_s * sum(1 for a, b in seen if b > backlog_target_s * a + EPSILON)}
 
     def summary(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k not in ("timeline", "recoveries")}
@@ -226,6 +242,7 @@ def simulate(
         timeline.capacity.append(true_capacity)
         timeline.parallelism.append(state.job_parallelism)
         timeline.backlog.append(state.backlog)
+        timeline.observed.append(window is not None)
         if window is None:
             continue  # the job was down the whole window: no reports, no window, no decision
         closed = close_window(window, job_id, w).model_copy(update={"closed_at": end})

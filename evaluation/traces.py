@@ -233,13 +233,32 @@ def window_means(rows: np.ndarray, row_s: float, window_s: float) -> np.ndarray:
     return np.diff(np.interp(bounds, edges, records)) / window_s
 
 
+def load_generator_windows(rows: np.ndarray, row_s: float, window_s: float) -> np.ndarray:
+    """The mean rate in each whole window of `window_s` as the load generator replays `rows` a row every
+    `row_s` (`pipeline.loadgen.Replay`): row i's rate at i x row_s, linear to the next row's, the last row
+    held over its own span. Exact: the integral of that piecewise-linear rate between window edges."""
+    rows = np.asarray(rows, dtype=float)
+    n = len(rows)
+    following = np.append(rows[1:], rows[-1])
+    records = np.concatenate(([0.0], np.cumsum((rows + following) / 2 * row_s)))
+    count = math.floor(n * row_s / window_s + EPSILON)
+    position = np.arange(count + 1) * window_s / row_s
+    k = np.minimum(np.floor(position + EPSILON).astype(np.int64), n - 1)
+    f = np.clip(position - k, 0.0, 1.0)
+    cumulative = records[k] + row_s * (rows[k] * f + (following[k] - rows[k]) * f**2 / 2)
+    return np.diff(cumulative) / window_s
+
+
 def replay(series: Series, *, hours: float = 6.0, rate: float = 1400.0, scaling: Scaling = "peak",
            regime: Regime = "compressed", window_s: float = 10.0, seed: int = 0,
-           row_replay_s: float | None = None) -> Trace:
+           row_replay_s: float | None = None, as_load_generator: bool = False) -> Trace:
     """`hours` of replay of `series` as one arrival rate per window (see the module docstring).
 
     The factor is taken over the replayed part, so `rate` is its peak (or mean). `row_replay_s`
-    overrides the regime's row length (the live evaluation fits a number of rows into minutes)."""
+    overrides the regime's row length (the live evaluation fits a number of rows into minutes).
+    `as_load_generator`: the windows of what `autoscaler load run --trace` sends for the same rows
+    (the live evaluation's load): the rows scaled one by one (the trace's minimum and maximum are its
+    rows', not its windows'), linear between rows (`load_generator_windows`)."""
     if hours <= 0 or rate <= 0 or window_s <= 0:
         raise ValueError("hours, rate and window_s must be positive")
     seconds = round(hours * 3600)
@@ -250,6 +269,10 @@ def replay(series: Series, *, hours: float = 6.0, rate: float = 1400.0, scaling:
     raw = series.values[:rows]
     windows = math.ceil(seconds / window_s - EPSILON)
     midpoints = (np.arange(windows) + 0.5) * window_s
+    if as_load_generator:
+        scaled_rows = np.asarray(scale_rates(list(raw), **_scaling_arguments(scaling, rate)))
+        return _trace(series, load_generator_windows(scaled_rows, row_replay_s, window_s)[:windows], window_s,
+                      rows, row_replay_s, scaling, rate, compression)
     if row_replay_s < window_s:  # several rows per window: their mean over the window's own span
         shaped = window_means(raw, row_replay_s, window_s)[:windows]
     elif regime == "real-time" and row_replay_s > window_s:
@@ -260,15 +283,21 @@ def replay(series: Series, *, hours: float = 6.0, rate: float = 1400.0, scaling:
         shaped = level * wiggle / wiggle.mean()
     else:
         shaped = np.interp(midpoints, (np.arange(len(raw)) + 0.5) * row_replay_s, raw)
-    if scaling == "stretch":
-        scaled = np.asarray(scale_rates(list(shaped), low=LOW_FRACTION * rate, high=rate))
-    else:
-        scaled = np.asarray(scale_rates(list(shaped), **{scaling: rate}))
+    scaled = np.asarray(scale_rates(list(shaped), **_scaling_arguments(scaling, rate)))
+    return _trace(series, scaled, window_s, rows, row_replay_s, scaling, rate, compression)
+
+
+def _scaling_arguments(scaling: Scaling, rate: float) -> dict[str, float]:
+    return {"low": LOW_FRACTION * rate, "high": rate} if scaling == "stretch" else {scaling: rate}
+
+
+def _trace(series: Series, rates: np.ndarray, window_s: float, rows: int, row_replay_s: float, scaling: Scaling,
+           rate: float, compression: float) -> Trace:
     covered = rows * series.row_s / 3600
     how = "in real time" if compression <= 1 + EPSILON else (
         f"{compression:g}x compressed (one {series.row_s:g}-s row = {row_replay_s:g} s)")
     what = f"{series.source}: first {covered:g} h, {how}, scaled to a {scaling} of {rate:g} rec/s"
-    return Trace(series.name, scaled, window_s, what, series.sha256, compression)
+    return Trace(series.name, rates, window_s, what, series.sha256, compression)
 
 
 def resolve(name_or_path: str, hours: float = 6.0) -> Series:

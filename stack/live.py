@@ -41,6 +41,13 @@ class LiveRun:
                  "predicted_s": e.numbers.get("predicted_s"), "observed_s": e.numbers.get("observed_s"),
                  "error_s": e.numbers.get("error_s")} for e in self.of(EventType.RECOVERED)]
 
+    def decision_rows(self, since: float) -> list[dict[str, object]]:
+        """Every decision, holds too, with the numbers the policy planned with: its window's end in
+        seconds from `since` (the load's start: the simulator's clock), to compare window by window."""
+        return [{"at_s": round(d.window_end - since, 1), "action": d.action.value, "from": d.from_parallelism,
+                 "to": d.to_parallelism, "code": d.reason.code, "message": d.reason.message,
+                 "numbers": d.reason.numbers} for d in sorted(self.decisions, key=lambda d: d.window_end)]
+
     def timeline(self) -> str:
         t0 = self.started
         lines = [(e.timestamp - t0, f"event {e.type.value} {e.from_parallelism}->{e.to_parallelism} "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -25,7 +26,7 @@ from evaluation.simulator import (
     static_parallelism,
 )
 from evaluation.suite import EvalSettings, eval_config, evaluate_case, oracle_for, start_parallelism
-from evaluation.traces import TraceError, builtin_series, load_trace, own_deviations, read_trace_file
+from evaluation.traces import TraceError, builtin_series, load_trace, own_deviations, read_trace_file, replay
 from plan.policies.static import StaticPolicy
 
 evaluate_app = typer.Typer()
@@ -92,6 +93,45 @@ def test_windows_of_fast_rows_keep_the_load_generators_pace(rows: list[float], r
         per = int(10.0 / row_s)
         usable = values[: len(means) * per]
         assert np.allclose(means, usable.reshape(-1, per).mean(axis=1))
+
+
+@given(rows=st.lists(st.floats(0, 1000), min_size=2, max_size=40), row_s=st.sampled_from([0.5, 2.5, 3.125, 4.0, 12.0]))
+def test_windows_as_the_load_generator_sends_them(rows: list[float], row_s: float) -> None:
+    """Each window holds what the load generator's replay of the rows sends in it: its rate is linear
+    between rows (row i at i x row_s), so the integral over each piece between breakpoints is exact by
+    the midpoint rule."""
+    from evaluation.traces import load_generator_windows
+    from pipeline.loadgen import Replay
+
+    shape = Replay(tuple(rows), row_s)
+    means = load_generator_windows(np.asarray(rows), row_s, 10.0)
+    assert len(means) == int(len(rows) * row_s // 10.0 + 1e-9)
+    for k, mean in enumerate(means):
+        start, end = 10.0 * k, 10.0 * (k + 1)
+        cuts = sorted({start, end, *(i * row_s for i in range(len(rows)) if start < i * row_s < end)})
+        sent = sum(shape.rate((a + b) / 2) * (b - a) for a, b in itertools.pairwise(cuts))
+        assert mean * 10.0 == pytest.approx(sent, rel=1e-9, abs=1e-6)
+
+
+def test_the_live_replay_is_what_the_load_generator_sends() -> None:
+    """A day of wiki's 5-minute rows in 15 minutes, stretched onto 56-450 rec/s: the simulated replay
+    holds the records `autoscaler load run` sends, window by window (its rows' minimum and maximum are
+    scaled, not its windows')."""
+    from agent.load_cli import replay_file
+    from evaluation.traces import LOW_FRACTION, TRACE_FILES, TRACES
+
+    rows, row_s = 288, 900 / 288
+    trace = replay(builtin_series("wiki"), hours=0.25, rate=450.0, scaling="stretch", row_replay_s=row_s,
+                   as_load_generator=True)
+    shape = replay_file(TRACES / TRACE_FILES["wiki"], seconds_per_row=row_s, rows=rows, low=LOW_FRACTION * 450.0,
+                        high=450.0)
+    from pipeline.loadgen import records_between
+
+    sent = np.array([records_between(shape, 10.0 * k, 10.0 * (k + 1), steps=4000) / 10.0 for k in range(90)])
+    assert len(trace.rates) == 90
+    assert np.allclose(trace.rates, sent, rtol=1e-3)
+    # The windows' own min..max would have stretched the load further: 56-450 rec/s instead of 79-420.
+    assert trace.rates.min() > 1.3 * LOW_FRACTION * 450.0 and trace.rates.max() < 0.95 * 450.0
 
 
 def test_static_pays_its_slots_for_the_whole_replay_and_never_rescales() -> None:
@@ -231,6 +271,34 @@ def test_live_runs_are_measured_as_simulated_ones() -> None:
     # The load generator says when its first records were due: the job's start counts from then.
     run.load_summary = {"began_at": 6.5}
     assert live_measures(run, backlog_target_s=60.0)["start_s"] == -6.5
+    # Every decision is kept, holds too, on the load's clock (the simulator's), with its numbers.
+    from contracts.messages import Action, DecisionReason, ScalingDecision
+    run.decisions = [ScalingDecision(job_id="j", window_end=end, action=action, from_parallelism=1, to_parallelism=to,
+                                     policy="default", target_utilization=0.8, closed_at=end,
+                                     reason=DecisionReason(code=code, rule="default", message=code,
+                                                           numbers={"planned_rate_now": 100.0}))
+                     for end, action, to, code in ((40.0, Action.SCALE_UP, 3, "cost_plan"),
+                                                   (30.0, Action.NONE, 1, "planned_hold"))]
+    rows = run.decision_rows(6.5)
+    assert [(r["at_s"], r["action"], r["to"], r["code"]) for r in rows] == [
+        (23.5, "none", 1, "planned_hold"), (33.5, "scale_up", 3, "cost_plan")]
+    assert rows[0]["numbers"] == {"planned_rate_now": 100.0}
+
+
+def test_a_simulated_run_measured_as_live_leaves_out_the_windows_the_job_was_down() -> None:
+    # 10-s windows, as live: the demo job's 22.7-s scale-up leaves a whole window without a report.
+    trace = replay(builtin_series("sine"), hours=0.1, rate=300.0, window_s=10.0)
+    schedule = np.array([1] * 10 + [3] * (len(trace.rates) - 10))
+    run = simulate(trace, demo_model(), ScheduleRunner(schedule, trace.window_s), eval_config(EvalSettings()), 1, 60.0)
+    timeline = run.timeline
+    down = [i for i, seen in enumerate(timeline.observed) if not seen]
+    assert down and all(10 <= i <= 12 for i in down)
+    measured = run.as_measured_live(60.0)
+    seen = [b for b, o in zip(timeline.backlog, timeline.observed, strict=True) if o]
+    assert measured["peak_backlog"] == pytest.approx(max(seen), abs=0.1)
+    # The restart's peak is the truth's, not what the job reports once it is back.
+    assert run.peak_backlog == pytest.approx(max(timeline.backlog[i] for i in down), abs=0.1)
+    assert measured["peak_backlog"] < run.peak_backlog
 
 
 def test_a_long_live_runs_drift_compares_its_first_and_last_spans() -> None:
