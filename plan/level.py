@@ -6,7 +6,9 @@ deviation z = (log rate - level) / sigma adds to an upper and a lower sum, each 
 and floored at 0; a sum above `h` is a level shift. Then the averaging restarts from the new level
 (the windows since the shift only), so a step change is seen at its new level at once, not mixed
 with the old one over a long window. A bounded window (`window_s`) keeps a slow drift from being
-averaged away too.
+averaged away too. Sigma is the within-level noise, estimated from the deviations winsorized at
+`NOISE_CLIP` sigmas (Huber's robust scale, in its simplest form): a deviation that heralds a shift
+before the sum fires, or one outlier, adds at most that much.
 
 Pure: `update(state, ...)` returns the new state; the state is a small pydantic model kept in the
 plan state.
@@ -23,6 +25,7 @@ THRESHOLD = 8.0  # h, in standard deviations: false alarms rare even with the no
 SIGMA_FLOOR = 0.03  # the log-rate noise assumed at least (3 %): a perfectly steady rate is not a hair trigger
 SIGMA_PRIOR = 0.1  # until a few windows have been seen
 WINDOW_S = 60.0  # the longest averaging, shift or not
+NOISE_CLIP = 3.0  # a deviation counts at most this many sigmas in the noise estimate
 
 
 class LevelState(BaseModel):
@@ -74,7 +77,11 @@ def update(state: LevelState, now: float, rate: float, window_s: float = WINDOW_
     if upper > THRESHOLD or lower > THRESHOLD:
         return state.model_copy(update={"points": [(now, value)], "upper": 0.0, "lower": 0.0,
                                         "shifts": state.shifts + 1, "shifted_at": now}), True
-    deviation = value - mean
+    # The noise is what a level holds, not a shift the detector has not fired on yet: a deviation counts
+    # at most NOISE_CLIP sigmas (a winsorized estimate), so one outlier (a job's first, partial window) does
+    # not blunt the detector for the rest of the run.
+    limit = NOISE_CLIP * state.sigma
+    deviation = min(max(value - mean, -limit), limit)
     n = state.noise_n + 1
     delta = deviation - state.noise_mean
     noise_mean = state.noise_mean + delta / n
