@@ -116,6 +116,15 @@ class Timeline:
     backlog: list[float] = field(default_factory=list)
     # Whether the job reported in the window (a live run measures nothing while the job is down).
     observed: list[bool] = field(default_factory=list)
+    window_s: float = 0.0
+
+    def backlog_measures(self, counted: np.ndarray, backlog_target_s: float) -> tuple[np.ndarray, float]:
+        """Over the windows `counted` (a mask): each one's lag (its backlog over its arrival rate, 0 without
+        arrivals) and the seconds the backlog was beyond its target (`backlog_target_s` of arrivals)."""
+        arrival = np.asarray(self.arrival, dtype=float)[counted]
+        backlog = np.asarray(self.backlog, dtype=float)[counted]
+        lags = np.divide(backlog, arrival, out=np.zeros_like(backlog), where=arrival > 0)
+        return lags, self.window_s * int(np.count_nonzero(backlog > backlog_target_s * arrival + EPSILON))
 
 
 @dataclass
@@ -150,14 +159,12 @@ class PolicyRun:
         in, as a live run measures them (`evaluation.live.live_measures`: no window is published while
         the job is down for a restart, so a restart's peak is seen only once the job reports again). The
         run's own measures count every window's true backlog."""
-        seen = [(a, b) for a, b, o in zip(self.timeline.arrival, self.timeline.backlog, self.timeline.observed,
-                                          strict=True) if o]
-        if not seen:
+        seen = np.asarray(self.timeline.observed, dtype=bool)
+        if not seen.any():
             return {"peak_backlog": 0.0, "lag_p95_s": 0.0, "beyond_target_s": 0.0}
-        window_s = self.timeline.t[0] if self.timeline.t else 0.0
-        lags = np.array([b / a if a > 0 else 0.0 for a, b in seen])
-        return {"peak_backlog": round(max(b for _, b in seen), 1), "lag_p95_s": float(np.percentile(lags, 95)),
-                "beyond_target_s": window_s * sum(1 for a, b in seen if b > backlog_target_s * a + EPSILON)}
+        lags, beyond = self.timeline.backlog_measures(seen, backlog_target_s)
+        return {"peak_backlog": round(float(np.asarray(self.timeline.backlog)[seen].max()), 1),
+                "lag_p95_s": float(np.percentile(lags, 95)), "beyond_target_s": beyond}
 
     def summary(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k not in ("timeline", "recoveries")}
@@ -209,9 +216,7 @@ def simulate(
                      restart_until=EPOCH + start_s if start_s > 0 else -math.inf)
     learned = new_learned(config.anomaly_k, config.backlog_tolerance_s) if forecasts is not None else None
     recent: deque[Analysis] = deque(maxlen=60)
-    timeline = Timeline()
-    lags: list[float] = []
-    beyond = 0.0
+    timeline = Timeline(window_s=w)
     ups = downs = ignored = 0
     capacity_errors: list[float] = []
     pending_completion: tuple[int, float, float] | None = None  # from parallelism, downtime, end
@@ -233,10 +238,6 @@ def simulate(
             pending_completion = None
         restarting = pending_completion is not None
         true_capacity = model.capacity(state.parallelism if not model.fused else state.job_parallelism)
-        if end > EPOCH + start_s:
-            lags.append(state.backlog / rate if rate > 0 else 0.0)
-            if state.backlog > backlog_target_s * rate + EPSILON:
-                beyond += w
         timeline.t.append((i + 1) * w)
         timeline.arrival.append(rate)
         timeline.capacity.append(true_capacity)
@@ -269,7 +270,9 @@ def simulate(
         from_p = state.job_parallelism
         downtime = rescale(model, state, wanted, end)
         pending_completion = (from_p, downtime, end + downtime)
-    lag_array = np.asarray(lags or [0.0])
+    # Slots, lag and time beyond the target count from the job's start.
+    lags, beyond = timeline.backlog_measures(np.asarray(timeline.t) > start_s, backlog_target_s)
+    lag_array = lags if len(lags) else np.zeros(1)
     slots = initial_parallelism * (1 if model.fused else len(model.operators))
     before_start = min(start_s, len(trace.rates) * w) * slots
     return PolicyRun(

@@ -209,7 +209,7 @@ def _median(values: list[float]) -> float:
 
 def _thin(timeline: Timeline, every: int = 3) -> dict[str, list[float]]:
     """Every `every`-th window, enough for a plot of hours."""
-    return {k: [round(float(x), 2) for x in v[::every]] for k, v in timeline.__dict__.items()}
+    return {k: [round(float(x), 2) for x in v[::every]] for k, v in timeline.__dict__.items() if isinstance(v, list)}
 
 
 def cases_of(traces: Sequence[str], settings: EvalSettings) -> list[tuple[str, Regime, int]]:
