@@ -112,6 +112,11 @@ class BatchCost(BaseModel):
             return 1.0
         return self.full_work_s / (self.full_work_s + self.overhead_s)
 
+    @property
+    def corrects(self) -> bool:
+        """Whether `saturation_factor` is known: a full batch and the per-task fit were measured."""
+        return self.full_work_s is not None and self.tasks.fit() is not None
+
     def saturation_factor(self, records: float | None) -> float:
         """The DS2 rate a full batch shows over the one measured at `records` per task: x / (task_s +
         x work_s) at the full batch's x over that at `records`. 1 until a full batch and the per-task

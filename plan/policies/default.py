@@ -67,17 +67,31 @@ LEVEL_WINDOWS = 2  # windows of a new arrival level measured before a rescale (u
 
 class Measured(BaseModel):
     """The capacity measured at one parallelism (records/s): a running mean of its windows, then an
-    exponentially weighted one (weight 1 / KNOWN_WINDOWS), and how many windows are behind it."""
+    exponentially weighted one (weight 1 / KNOWN_WINDOWS), and how many windows are behind it.
+
+    `provisional`: only from windows whose DS2 rate could not be raised to a full batch's yet (small
+    batches, before the per-task fit and a full batch were measured): an underestimate, replaced by the
+    first window that can be (`learned`), not averaged with it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     capacity: float
     n: int = 1
+    provisional: bool = False
 
     def add(self, value: float) -> Measured:
         n = self.n + 1
         weight = running_weight(n, KNOWN_WINDOWS)
-        return Measured(capacity=(1 - weight) * self.capacity + weight * value, n=n)
+        return self.model_copy(update={"capacity": (1 - weight) * self.capacity + weight * value, "n": n})
+
+    def learned(self, value: float, provisional: bool) -> Measured:
+        """With one more window's capacity: a provisional window does not move a corrected estimate,
+        and the first corrected window replaces a provisional one."""
+        if provisional and not self.provisional:
+            return self
+        if self.provisional and not provisional:
+            return Measured(capacity=value)
+        return self.add(value)
 
     @property
     def effective(self) -> int:
@@ -248,18 +262,23 @@ class CostPlanner:
         batch = memory.batch
         # Records per slot per micro-batch: DS2's rate depends on it (`plan.batching`).
         size = analysis.batch_work_s * rate if analysis.batch_work_s else None
+        # Batches are full while the backlog holds more than a full batch's records.
+        full = (analysis.backlog or 0) > SATURATED_BACKLOG_S * (analysis.arrival_rate or 0.0) > 0
         if analysis.batch_overhead_s is not None:
-            # Batches are full while the backlog holds more than a full batch's records.
-            full = (analysis.backlog or 0) > SATURATED_BACKLOG_S * (analysis.arrival_rate or 0.0) > 0
             work = analysis.batch_work_s
             batch = (BatchCost.first(analysis.batch_overhead_s, work, full, size) if batch is None
                      else batch.add(analysis.batch_overhead_s, work, full, size))
         # Each window's rate as full batches would show it (the mean of rates measured at varied batch
-        # sizes is not the rate at their mean size: corrected one by one).
+        # sizes is not the rate at their mean size: corrected one by one). Until the correction is
+        # known, a window of small batches is provisional: live, a job that starts at a low load
+        # measured 140-170 rec/s per slot for minutes, and averaged in, they held its estimate 10-15 %
+        # below its full batches' rate for the rest of the run.
         capacity = p * rate * (batch.saturation_factor(size) if batch is not None else 1.0)
+        provisional = batch is not None and not full and not batch.corrects
         known = dict(memory.known)
         previous = known.get(str(p))
-        known[str(p)] = Measured(capacity=capacity) if previous is None else previous.add(capacity)
+        known[str(p)] = (Measured(capacity=capacity, provisional=provisional) if previous is None
+                         else previous.learned(capacity, provisional))
         return memory.model_copy(update={"slot": slot, "known": known, "batch": batch,
                                          "noise_cv": slot.cv if slot.cv is not None else memory.noise_cv})
 
