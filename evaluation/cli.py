@@ -56,6 +56,9 @@ def evaluate_command(
     live: Annotated[bool, typer.Option(help="Replay one trace against the real Spark job through the agents.")] = False,
     live_minutes: Annotated[float, typer.Option(help="--live: minutes of replay.")] = 12.0,
     live_trace_hours: Annotated[float, typer.Option(help="--live: hours of the trace replayed in them.")] = 2.0,
+    live_warm_up_s: Annotated[float, typer.Option(
+        help="--live: seconds the job runs at the replay's low rate before the replay and the autoscaler start "
+             "(Spark's cost per batch falls over a new process's first minutes); 0: none.")] = 150.0,
 ) -> None:
     """Run the chosen policies on the chosen traces; print a table, write JSON and PNG plots."""
     console = Console(width=None if sys.stdout.isatty() else 150)
@@ -94,7 +97,7 @@ def evaluate_command(
         from evaluation.live import run_live_evaluation
 
         run_live_evaluation(console, traces[0], policies[0] if policy else DEFAULT_POLICY, settings, live_minutes,
-                            json_out, live_trace_hours)
+                            json_out, live_trace_hours, live_warm_up_s)
         return
     started = time.perf_counter()
     cases = cases_of(traces, settings)

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from evaluation.traces import Trace
 
 COMPARED = ("slot_seconds", "actions", "peak_backlog", "beyond_target_s", "lag_p95_s")
+# Calibrate's warm-up (`evaluation.calibrate`): Spark's cost per batch settles within it.
+WARM_UP_S = 150.0
 # Per window in the JSON: enough to follow the job's per-slot rate and batch cost over a long run.
 WINDOW_FIELDS = {"window_end", "parallelism", "valid", "arrival_rate", "backlog", "observed_processing_rate",
                  "true_processing_rate", "utilization", "batch_overhead_s", "batch_work_s"}
@@ -222,8 +224,10 @@ def drift_summary(windows: list[dict[str, Any]], rates: np.ndarray, span_s: floa
 
 
 def run_live_evaluation(console: Console, trace_name: str, policy: str, settings: EvalSettings, minutes: float,
-                        json_out: Path, trace_hours: float = 2.0) -> dict[str, Any]:
-    """Replay `trace_hours` of the trace in `minutes` live, then simulate the same replay."""
+                        json_out: Path, trace_hours: float = 2.0, warm_up_s: float = WARM_UP_S) -> dict[str, Any]:
+    """Replay `trace_hours` of the trace in `minutes` live, then simulate the same replay. The job runs
+    `warm_up_s` at the replay's lowest rate before the replay and the autoscaler start (`run_live`): the
+    simulator models a warm job, as a job in production is."""
     if trace_name not in TRACE_FILES:
         raise ValueError(f"--live replays a trace file: one of {', '.join(TRACE_FILES)}")
     replay_s = minutes * 60
@@ -245,11 +249,12 @@ def run_live_evaluation(console: Console, trace_name: str, policy: str, settings
     started = time.time()
     try:
         run = run_live(live_settings, workdir, load_args, overrides, max_parallelism=settings.max_parallelism,
-                       drain_s=30.0, job="evaluate")
+                       drain_s=30.0, job="evaluate", warm_up_s=warm_up_s, warm_up_rate=LOW_FRACTION * peak)
     finally:
         stop_pid(broker.process.pid, process=broker.process)
         stop_pid(redis.process.pid, process=redis.process)
     out = {"trace": trace_name, "policy": policy, "minutes": minutes, "trace_hours": trace_hours, "peak": peak,
+           "warm_up_s": warm_up_s,
            "max_parallelism": settings.max_parallelism, "wall_s": round(time.time() - started, 1),
            "live": live_measures(run, settings.backlog_target_s), "load": run.load_summary,
            "recoveries": run.recoveries(), "decisions": run.decision_rows(load_start(run)),

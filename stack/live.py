@@ -22,6 +22,7 @@ from stack.processes import stop_pid
 from stack.services import register_jobs, start_agents, start_job_runner, start_load, wait_until_running
 
 JOB = "demo"
+WARM_UP_FIRST_ID = 1_000_000_000  # far above any replay's ids (they start at 0)
 
 
 @dataclass
@@ -72,14 +73,21 @@ def run_live(
     drain_s: float = 40.0,
     stages: list[str] | None = None,
     job: str = JOB,
+    warm_up_s: float = 0.0,
+    warm_up_rate: float = 50.0,
 ) -> LiveRun:
     """Run the job under the load until the load ends plus `drain_s`; collect what was published.
 
-    The broker and Redis of `settings` must be running."""
+    With `warm_up_s`, the job first runs that long at `warm_up_rate` records/s before it is registered
+    (the agents dead-letter its reports until then, so they learn nothing from it): Spark's cost per
+    micro-batch falls over a new process's first minutes (docs/spark.md), which a job in production
+    has long behind it but a replay compressed into minutes would magnify. Warm-up records have ids
+    from WARM_UP_FIRST_ID on. The broker and Redis of `settings` must be running."""
     run = settings.topics.metrics.split(".")[0]
     input_topic, output_topic = f"{run}.demo.input", f"{run}.demo.output"
     ensure_topics(settings, extra=[input_topic, output_topic])
-    register_jobs(settings, [job], **{"max_parallelism": str(max_parallelism), **job_overrides})
+    if warm_up_s <= 0:
+        register_jobs(settings, [job], **{"max_parallelism": str(max_parallelism), **job_overrides})
     # From the earliest offset: the topics are this run's own, and nothing may be missed.
     follow = Consumer(group_consumer_config(settings.kafka_bootstrap, f"bench-{uuid.uuid4().hex[:8]}", "earliest"))
     follow.subscribe([settings.topics.analyses, settings.topics.decisions, settings.topics.scaling_events])
@@ -87,8 +95,17 @@ def run_live(
     runner = start_job_runner(settings, job, workdir / "job", workdir / "runner.log", max_parallelism=max_parallelism,
                               options={"cost_ms": str(cost_ms), "input_topic": input_topic,
                                        "output_topic": output_topic})
-    # The load comes to a running job, as it would to a job in production (whose start-up is not scaled).
-    wait_until_running(runner, workdir / "runner.log")
+    try:
+        # The load comes to a running job, as it would to a job in production (whose start-up is not scaled).
+        wait_until_running(runner, workdir / "runner.log")
+        if warm_up_s > 0:
+            warm_up(settings, input_topic, workdir, warm_up_s, warm_up_rate, follow)
+            register_jobs(settings, [job], **{"max_parallelism": str(max_parallelism), **job_overrides})
+    except BaseException:
+        stop_pid(runner.pid, timeout=60, process=runner)
+        agents.stop()
+        follow.close()
+        raise
     load = start_load(settings, input_topic, workdir / "load.log", load_args)
     result = LiveRun(started=time.time())
     parsers = {settings.topics.analyses: (Analysis, result.analyses),
@@ -121,3 +138,20 @@ def run_live(
         agents.stop()
         follow.close()
     return result
+
+
+def warm_up(settings: Settings, topic: str, workdir: Path, seconds: float, rate: float, follow: Consumer) -> None:
+    """A constant `rate` into `topic` for `seconds` (`run_live`), the follower kept polling meanwhile."""
+    load = start_load(settings, topic, workdir / "warm-up.log",
+                      ["--shape", f"constant:{rate:g}", "--duration", f"{seconds:g}",
+                       "--start-id", str(WARM_UP_FIRST_ID)])
+    deadline = time.time() + seconds + 120
+    try:
+        while load.poll() is None:
+            if time.time() > deadline:
+                raise TimeoutError(f"the warm-up load did not end within {seconds + 120:.0f} s; see {workdir}")
+            follow.poll(0.2)  # nothing of the job's yet (it is not registered): its group membership stays alive
+    finally:
+        stop_pid(load.pid, timeout=10, process=load)
+    if load.returncode not in (0, None):
+        raise RuntimeError(f"the warm-up load failed ({load.returncode}); see {workdir / 'warm-up.log'}")

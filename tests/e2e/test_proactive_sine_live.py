@@ -4,12 +4,13 @@ backlog stays within the bound of what its restarts add, and recoveries are repo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from contracts.messages import EventType
 from contracts.settings import Settings
 from evaluation.traces import TRACE_FILES, TRACES
-from stack.live import run_live
+from stack.live import WARM_UP_FIRST_ID, run_live
 
 TRACE = TRACES / TRACE_FILES["sine"]
 # One sine period is 10,800 rows (3 h at 1 s). From the trough (row 8,100) over the peak (13,500) to
@@ -27,9 +28,13 @@ def test_the_sine_trace_is_met_by_scaling_out_ahead_of_the_load(settings: Settin
     load = ["--trace", str(TRACE), "--start-row", str(START_ROW), "--rows", str(ROWS),
             "--seconds-per-row", str(SECONDS_PER_ROW), "--low", str(LOW), "--high", str(HIGH)]
     # Its own job id: knowledge outlives a test, and another test's "demo" may still be rescaling.
-    run = run_live(settings, tmp_path, load, overrides, job="sine")
+    # A short warm-up first (`autoscaler evaluate --live` runs 150 s): the agents learn nothing from it.
+    run = run_live(settings, tmp_path, load, overrides, job="sine", warm_up_s=20.0, warm_up_rate=LOW)
     timeline = run.timeline()
     print(timeline)
+    warm_up = json.loads((tmp_path / "warm-up.log").read_text().strip().splitlines()[-1])
+    assert warm_up["produced"] >= 0.9 * 20.0 * LOW and warm_up["start_id"] == WARM_UP_FIRST_ID, warm_up
+    assert run.analyses and min(a.window_end for a in run.analyses) > run.started - settings.loop_interval_s, timeline
 
     assert not run.of(EventType.FAILED), timeline
     completed = run.of(EventType.COMPLETED)
