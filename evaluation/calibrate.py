@@ -37,7 +37,7 @@ from typing import Any
 from analyze.true_rates import fixed_batch_cost
 from contracts.messages import MetricReport
 from contracts.settings import Settings, Topics
-from evaluation.job_models import JobModelFile, fit_scaling
+from evaluation.job_models import WARM_UP_S, JobModelFile, fit_scaling
 from infra.kafka import TopicReader, ensure_topic
 from pipeline.loadgen import Constant, generate_load
 from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
@@ -246,7 +246,7 @@ def restarts(bootstrap: str, low: int, high: int, options: dict[str, str], rate:
 
 
 def calibrate(parallelisms: list[int], options: dict[str, str], *, work_s: float = 40.0, nominal_slot_rate: float,
-              restart_repeat: int = 2, topic_partitions: int = 4, name: str = "demo", warm_up_s: float = 150.0,
+              restart_repeat: int = 2, topic_partitions: int = 4, name: str = "demo", warm_up_s: float = WARM_UP_S,
               say: Callable[[str], None] = print) -> tuple[JobModelFile, Calibration]:
     """Measure the job and return its model file (see the module docstring). `nominal_slot_rate`
     sizes the backlogs and the restart load; it is not written into the model."""

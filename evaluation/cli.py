@@ -17,7 +17,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from evaluation.convergence import experiment
-from evaluation.job_models import JobModelError
+from evaluation.job_models import WARM_UP_S, JobModelError
 from evaluation.report import markdown, plot, print_convergence, print_table
 from evaluation.suite import EVALUATED, EvalSettings, calibration, cases_of, evaluate_all, summarize
 from evaluation.traces import REGIMES, SHARED_TRACES, TRACE_NAMES, TraceError, read_trace_file
@@ -58,7 +58,7 @@ def evaluate_command(
     live_trace_hours: Annotated[float, typer.Option(help="--live: hours of the trace replayed in them.")] = 2.0,
     live_warm_up_s: Annotated[float, typer.Option(
         help="--live: seconds the job runs at the replay's low rate before the replay and the autoscaler start "
-             "(Spark's cost per batch falls over a new process's first minutes); 0: none.")] = 150.0,
+             "(Spark's cost per batch falls over a new process's first minutes); 0: none.")] = WARM_UP_S,
 ) -> None:
     """Run the chosen policies on the chosen traces; print a table, write JSON and PNG plots."""
     console = Console(width=None if sys.stdout.isatty() else 150)
@@ -132,7 +132,7 @@ def calibrate_command(
     restarts: Annotated[int, typer.Option(help="Rescales measured in each direction.")] = 2,
     warm_up_s: Annotated[float, typer.Option(
         help="Seconds the job runs at one slot before anything is measured (Spark's cost per batch falls "
-             "over its first minutes in a process); 0 measures it cold.")] = 150.0,
+             "over its first minutes in a process); 0 measures it cold.")] = WARM_UP_S,
     name: Annotated[str, typer.Option(help="The job's name in the model.")] = "demo",
     out: Annotated[Path, typer.Option(help="The job-model file to write.")] = RESULTS / "job-model.json",
 ) -> None:

@@ -21,6 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from evaluation.jobmodel import JobModel, Operator
 
 DEMO_MODEL_FILE = Path(__file__).parent / "models" / "demo.json"
+# Seconds a new Spark process runs at a low load before it is measured (calibrate) or autoscaled in a live
+# evaluation: its cost per micro-batch falls over its first hundred or so batches (docs/spark.md).
+WARM_UP_S = 150.0
 
 PositiveSeconds = Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)]
 

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from contracts.messages import EventType
 from evaluation.forecasts import forecast_stream
+from evaluation.job_models import WARM_UP_S
 from evaluation.simulator import WINDOW_S, PolicyRunner, simulate
 from evaluation.suite import EvalSettings, eval_config
 from evaluation.traces import LOW_FRACTION, NATIVE_ROW_SECONDS, TRACE_FILES, TRACES, builtin_series, replay
@@ -36,8 +37,6 @@ if TYPE_CHECKING:
     from evaluation.traces import Trace
 
 COMPARED = ("slot_seconds", "actions", "peak_backlog", "beyond_target_s", "lag_p95_s")
-# Calibrate's warm-up (`evaluation.calibrate`): Spark's cost per batch settles within it.
-WARM_UP_S = 150.0
 # Per window in the JSON: enough to follow the job's per-slot rate and batch cost over a long run.
 WINDOW_FIELDS = {"window_end", "parallelism", "valid", "arrival_rate", "backlog", "observed_processing_rate",
                  "true_processing_rate", "utilization", "batch_overhead_s", "batch_work_s"}

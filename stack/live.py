@@ -12,6 +12,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from subprocess import Popen
 
 from confluent_kafka import Consumer
 
@@ -86,8 +87,9 @@ def run_live(
     run = settings.topics.metrics.split(".")[0]
     input_topic, output_topic = f"{run}.demo.input", f"{run}.demo.output"
     ensure_topics(settings, extra=[input_topic, output_topic])
+    config = {"max_parallelism": str(max_parallelism), **job_overrides}
     if warm_up_s <= 0:
-        register_jobs(settings, [job], **{"max_parallelism": str(max_parallelism), **job_overrides})
+        register_jobs(settings, [job], **config)
     # From the earliest offset: the topics are this run's own, and nothing may be missed.
     follow = Consumer(group_consumer_config(settings.kafka_bootstrap, f"bench-{uuid.uuid4().hex[:8]}", "earliest"))
     follow.subscribe([settings.topics.analyses, settings.topics.decisions, settings.topics.scaling_events])
@@ -95,24 +97,19 @@ def run_live(
     runner = start_job_runner(settings, job, workdir / "job", workdir / "runner.log", max_parallelism=max_parallelism,
                               options={"cost_ms": str(cost_ms), "input_topic": input_topic,
                                        "output_topic": output_topic})
+    load: Popen[bytes] | None = None
     try:
         # The load comes to a running job, as it would to a job in production (whose start-up is not scaled).
         wait_until_running(runner, workdir / "runner.log")
         if warm_up_s > 0:
             warm_up(settings, input_topic, workdir, warm_up_s, warm_up_rate, follow)
-            register_jobs(settings, [job], **{"max_parallelism": str(max_parallelism), **job_overrides})
-    except BaseException:
-        stop_pid(runner.pid, timeout=60, process=runner)
-        agents.stop()
-        follow.close()
-        raise
-    load = start_load(settings, input_topic, workdir / "load.log", load_args)
-    result = LiveRun(started=time.time())
-    parsers = {settings.topics.analyses: (Analysis, result.analyses),
-               settings.topics.decisions: (ScalingDecision, result.decisions),
-               settings.topics.scaling_events: (ScalingEvent, result.events)}
-    seen: set[tuple[str, int, int]] = set()
-    try:
+            register_jobs(settings, [job], **config)
+        load = start_load(settings, input_topic, workdir / "load.log", load_args)
+        result = LiveRun(started=time.time())
+        parsers = {settings.topics.analyses: (Analysis, result.analyses),
+                   settings.topics.decisions: (ScalingDecision, result.decisions),
+                   settings.topics.scaling_events: (ScalingEvent, result.events)}
+        seen: set[tuple[str, int, int]] = set()
         drain_until = None
         while drain_until is None or time.time() < drain_until:
             msg = follow.poll(0.2)
@@ -134,7 +131,8 @@ def run_live(
                 result.load_summary = {"tail": lines[-1]}
     finally:
         for process in (load, runner):
-            stop_pid(process.pid, timeout=60, process=process)
+            if process is not None:
+                stop_pid(process.pid, timeout=60, process=process)
         agents.stop()
         follow.close()
     return result
