@@ -10,6 +10,11 @@ averaged away too. Sigma is the within-level noise, estimated from the deviation
 `NOISE_CLIP` sigmas (Huber's robust scale, in its simplest form): a deviation that heralds a shift
 before the sum fires, or one outlier, adds at most that much.
 
+The trend: the arrival rates of the last TREND_WINDOW_S, shift or not, with an ordinary
+least-squares line through them (`LevelState.trend`): on a load that keeps rising or falling the
+level lags (by half its span) and restarts at each shift, while the line says where the rate is now.
+A slope within TREND_T standard errors of 0 is no trend.
+
 Pure: `update(state, ...)` returns the new state; the state is a small pydantic model kept in the
 plan state.
 """
@@ -26,6 +31,20 @@ SIGMA_FLOOR = 0.03  # the log-rate noise assumed at least (3 %): a perfectly ste
 SIGMA_PRIOR = 0.1  # until a few windows have been seen
 WINDOW_S = 60.0  # the longest averaging, shift or not
 NOISE_CLIP = 3.0  # a deviation counts at most this many sigmas in the noise estimate
+TREND_WINDOW_S = 60.0  # the arrival rates a trend is fitted through
+TREND_MIN_POINTS = 4
+TREND_T = 2.0  # a slope within this many standard errors of 0 is no trend
+
+
+class Trend(BaseModel):
+    """A line through the recent arrival rates: the rate at `now` (records/s), its slope (records/s
+    per second; 0 when not significant) and the span of time it was fitted over (seconds)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rate: float
+    slope: float
+    span_s: float
 
 
 class LevelState(BaseModel):
@@ -41,6 +60,7 @@ class LevelState(BaseModel):
     noise_m2: float = 0.0
     shifts: int = 0
     shifted_at: float | None = None
+    recent: list[tuple[float, float]] = []  # (time, rate) over the last TREND_WINDOW_S, shift or not
 
     @property
     def sigma(self) -> float:
@@ -61,12 +81,35 @@ class LevelState(BaseModel):
             return None
         return level * math.exp(z * self.sigma / math.sqrt(len(self.points)))
 
+    def trend(self, now: float) -> Trend | None:
+        """The least-squares line through the recent rates, at `now`; None with fewer than
+        TREND_MIN_POINTS. A slope not TREND_T standard errors from 0 is 0, and the rate is then the mean."""
+        if len(self.recent) < TREND_MIN_POINTS:
+            return None
+        t = [p[0] for p in self.recent]
+        r = [p[1] for p in self.recent]
+        n = len(t)
+        t_mean, r_mean = sum(t) / n, sum(r) / n
+        sxx = sum((x - t_mean) ** 2 for x in t)
+        span = max(t) - min(t)
+        if sxx <= 0:
+            return Trend(rate=r_mean, slope=0.0, span_s=span)
+        slope = sum((x - t_mean) * (y - r_mean) for x, y in zip(t, r, strict=True)) / sxx
+        residual = sum((y - r_mean - slope * (x - t_mean)) ** 2 for x, y in zip(t, r, strict=True))
+        error = math.sqrt(residual / (n - 2) / sxx)
+        if abs(slope) <= TREND_T * error:
+            return Trend(rate=r_mean, slope=0.0, span_s=span)
+        return Trend(rate=max(0.0, r_mean + slope * (now - t_mean)), slope=slope, span_s=span)
+
+
 
 def update(state: LevelState, now: float, rate: float, window_s: float = WINDOW_S) -> tuple[LevelState, bool]:
     """The state after one window's arrival rate, and whether a level shift fired."""
     if not math.isfinite(rate) or rate <= 0:
         return state, False
     value = math.log(rate)
+    state = state.model_copy(update={"recent": [*(p for p in state.recent if p[0] > now - TREND_WINDOW_S),
+                                                (now, rate)]})
     points = [(t, v) for t, v in state.points if t > now - window_s]
     if not points:
         return state.model_copy(update={"points": [(now, value)], "upper": 0.0, "lower": 0.0}), False

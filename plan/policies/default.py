@@ -363,17 +363,30 @@ class CostPlanner:
         # The prediction is of what will be observed: the point estimates, not the quantiles planned with.
         expected = self.problem(memory, analysis, config, state, quantiles=False) or problem
         top = expected.max_parallelism
-        # Arrivals as the forecast expects them, falling ones too (the planned rates never fall below the level).
-        expected_rates = planned_rates(memory.level.upper_level(0.0) or expected.rates[0], analysis.forecast,
-                                       analysis.window_end, len(expected.rates), self.step_s,
-                                       memory.skill.trusted(), band=0.0, floor=False)
         numbers["expected_capacity_at_target"] = round(float(expected.capacity[min(to, top)]), 2)
         numbers["predicted_recovery_s"] = predicted_recovery_s(
             analysis, config, to, state.downtimes, lambda p: float(expected.capacity[min(p, top)]),
-            rates=(expected_rates, expected.step_s))
+            rates=self.expected_rates(memory, analysis, expected))
         changes = rescale_updates(current, to, analysis.window_end, numbers["predicted_recovery_s"], config)
         reason = DecisionReason(code="cost_plan", rule=self.name, message=message, numbers=numbers)
         return Plan(direction(current, to), to, reason, recommended=target), changes
+
+    def expected_rates(self, memory: PlannerMemory, analysis: Analysis, expected: PlanProblem
+                       ) -> tuple[list[float], float]:
+        """The arrivals a recovery prediction expects (values, step): from the rate now, as a trusted
+        forecast expects them to change, falling ones too (the planned rates never fall below the level).
+        The rate now is the level (the mean since the last shift), or where the recent rates rise or fall,
+        the one further along the change of it and their trend line's end (`plan.level`): each lags where
+        the other does not (the level on a ramp, where a scale-up predicted from it recovered in twice the
+        time predicted, simulated and live; the line across a step). Neither is extrapolated: near a peak
+        or a trough the trend would run past it."""
+        now = memory.level.upper_level(0.0)
+        trend = memory.level.trend(analysis.window_end)
+        if now is not None and trend is not None and trend.slope != 0:
+            now = max(now, trend.rate) if trend.slope > 0 else min(now, trend.rate)
+        rates = planned_rates(now or float(expected.rates[0]), analysis.forecast, analysis.window_end,
+                              len(expected.rates), self.step_s, memory.skill.trusted(), band=0.0, floor=False)
+        return list(rates), expected.step_s
 
 
 def _numbers(chosen: Schedule, alternative: Schedule | None, problem: PlanProblem) -> dict[str, float | int | None]:

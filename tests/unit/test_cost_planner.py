@@ -209,6 +209,35 @@ def test_the_upper_level_is_above_the_mean_and_narrows_with_windows() -> None:
     assert wide > state.upper_level() > state.level()  # type: ignore[operator]
 
 
+
+def test_the_trend_finds_a_rising_load_where_it_is_now() -> None:
+    rng = np.random.default_rng(3)
+    rates = [200.0 + 1.5 * 10 * i for i in range(12)]  # 1.5 rec/s per second, 10-s windows
+    state, _ = run_level([r * rng.lognormal(0, 0.03) for r in rates])
+    trend = state.trend(110.0)
+    assert trend is not None and trend.span_s == 50.0
+    assert trend.slope == pytest.approx(1.5, rel=0.25)
+    assert trend.rate == pytest.approx(rates[-1], rel=0.05)  # where the level (the mean) lags by 37 rec/s
+
+
+@given(seed=st.integers(0, 10_000))
+@settings(max_examples=50, deadline=None)
+def test_a_steady_load_has_no_trend_and_its_rate_is_the_mean(seed: int) -> None:
+    rates = list(300.0 * np.random.default_rng(seed).lognormal(0, 0.05, 20))
+    state, _ = run_level(rates)
+    trend = state.trend(190.0)
+    assert trend is not None
+    # At TREND_T = 2 a steady load shows a slope about 1 time in 10 (6 points); what it shows is small.
+    assert abs(trend.slope) * trend.span_s < 0.35 * trend.rate
+    if trend.slope == 0:
+        assert trend.rate == pytest.approx(float(np.mean(rates[-6:])))
+
+
+def test_no_trend_from_too_few_windows() -> None:
+    state, _ = run_level([100.0, 200.0, 300.0])
+    assert state.trend(20.0) is None
+
+
 # ---------------------------------------------------------------- capacities and rates
 
 
