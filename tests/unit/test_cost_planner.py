@@ -414,6 +414,35 @@ def test_a_drop_takes_no_scale_up(seed: int) -> None:
     assert run.timeline.parallelism[-1] <= 3
 
 
+def expected_now(rates: list[float]) -> tuple[float, float]:
+    """The arrival rate a recovery prediction starts from after these windows, and the level's mean."""
+    planner, config, state = CostPlanner(), JobConfig(max_parallelism=8), PlanState()
+    for i, rate in enumerate(rates):
+        state, _ = planner.decide(state, window(10.0 * i, 2, rate), config)
+    memory = PlannerMemory.model_validate(state.policy_state)
+    problem = planner.problem(memory, window(10.0 * (len(rates) - 1), 2, rates[-1]), config, state, quantiles=False)
+    assert problem is not None
+    values, _ = planner.expected_rates(memory, window(10.0 * (len(rates) - 1), 2, rates[-1]), problem)
+    return values[0], memory.level.level() or 0.0
+
+
+def test_a_recovery_is_predicted_from_the_rate_now_on_a_ramp_and_a_step() -> None:
+    """On a ramp the level (restarted at each shift it fires) lags; across a step the trend line does:
+    the prediction starts from whichever is further along the change."""
+    ramp = [100.0 + 20.0 * i for i in range(20)]  # 2 rec/s per second
+    now, level = expected_now(ramp)
+    assert now == pytest.approx(ramp[-1], rel=0.03) and level < now - 20
+    falling = ramp[::-1]
+    now, level = expected_now(falling)
+    assert now == pytest.approx(falling[-1], rel=0.1) and level >= now
+    step = [300.0] * 10 + [900.0] * 2
+    now, _ = expected_now(step)
+    assert now == pytest.approx(900.0, rel=0.01)
+    steady = [300.0 * f for f in np.random.default_rng(5).lognormal(0, 0.03, 12)]
+    now, level = expected_now(steady)
+    assert now == pytest.approx(level, rel=0.05)
+
+
 def test_the_jobs_limits_hold_and_a_rescale_carries_its_predicted_recovery() -> None:
     def scale_up(config: JobConfig) -> tuple[PlanState, Plan]:
         planner, state = CostPlanner(), PlanState()
