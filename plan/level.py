@@ -102,7 +102,6 @@ class LevelState(BaseModel):
         return Trend(rate=max(0.0, r_mean + slope * (now - t_mean)), slope=slope, span_s=span)
 
 
-
 def update(state: LevelState, now: float, rate: float, window_s: float = WINDOW_S) -> tuple[LevelState, bool]:
     """The state after one window's arrival rate, and whether a level shift fired."""
     if not math.isfinite(rate) or rate <= 0:

@@ -209,7 +209,6 @@ def test_the_upper_level_is_above_the_mean_and_narrows_with_windows() -> None:
     assert wide > state.upper_level() > state.level()  # type: ignore[operator]
 
 
-
 def test_the_trend_finds_a_rising_load_where_it_is_now() -> None:
     rng = np.random.default_rng(3)
     rates = [200.0 + 1.5 * 10 * i for i in range(12)]  # 1.5 rec/s per second, 10-s windows
@@ -419,10 +418,10 @@ def expected_now(rates: list[float]) -> tuple[float, float]:
     planner, config, state = CostPlanner(), JobConfig(max_parallelism=8), PlanState()
     for i, rate in enumerate(rates):
         state, _ = planner.decide(state, window(10.0 * i, 2, rate), config)
-    memory = PlannerMemory.model_validate(state.policy_state)
-    problem = planner.problem(memory, window(10.0 * (len(rates) - 1), 2, rates[-1]), config, state, quantiles=False)
+    memory, last = PlannerMemory.model_validate(state.policy_state), window(10.0 * (len(rates) - 1), 2, rates[-1])
+    problem = planner.problem(memory, last, config, state, quantiles=False)
     assert problem is not None
-    values, _ = planner.expected_rates(memory, window(10.0 * (len(rates) - 1), 2, rates[-1]), problem)
+    values, _ = planner.expected_rates(memory, last, problem)
     return values[0], memory.level.level() or 0.0
 
 
