@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import faust
+from aiokafka.errors import KafkaError
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -122,7 +123,21 @@ class Runtime:
         return self.topics[name]
 
     async def publish(self, name: str, key: str, value: bytes) -> None:
-        await self.topic(name).send(key=key.encode(), value=value)
+        """Send and wait for the broker's acknowledgement (`contracts.stage.Publish`).
+
+        Faust's `send` returns once the record is in the producer's buffer; a worker killed then
+        (SIGKILL, no flush) lost it although the stage had already recorded it as sent."""
+        topic = self.topic(name)
+
+        async def send() -> None:
+            delivered = await topic.send(key=key.encode(), value=value)
+            await delivered
+
+        # A broker that is away, or back but empty (its topics recreated, the producer's metadata
+        # stale), fails the send: send the same record again until the broker takes it. Stages drop
+        # a record they already have (by window end, decision or event id), so a repeat is harmless.
+        await until_done(send, f"publishing to {name}", transient=(KafkaError,), waits_for="the broker",
+                         settings=self.settings)
 
     def run_stage(self, stage: Stage) -> None:
         """Subscribe the stage's handlers (retried while knowledge is away) and start its timers."""

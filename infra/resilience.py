@@ -24,8 +24,11 @@ async def until_done(
     first_delay: float = 0.2,
     max_delay: float = 2.0,  # a Redis that is back is used again within 2 s
     settings: Settings | None = None,
+    transient: tuple[type[BaseException], ...] = TRANSIENT,
+    waits_for: str = "knowledge (Redis)",
 ) -> T:
-    """Run `work` until it succeeds, backing off while knowledge (Redis) is unreachable.
+    """Run `work` until it succeeds, backing off while what it `waits_for` is unreachable (by
+    default knowledge, Redis; the runtime also waits for the broker to take what it publishes).
 
     The stream does not advance meanwhile, so no record is lost; the worker reports itself degraded.
     The logged error is redacted with `settings`' secrets (default: the process's settings, which
@@ -35,10 +38,10 @@ async def until_done(
     while True:
         try:
             result = await work()
-        except TRANSIENT as exc:
+        except transient as exc:
             if not degraded:
-                error = redact(str(exc), settings or get_settings())
-                log.warning("degraded: %s waits for knowledge (Redis): %s", what, error)
+                error = redact(f"{type(exc).__name__}: {exc}", settings or get_settings())
+                log.warning("degraded: %s waits for %s: %s", what, waits_for, error)
                 degraded = True
             await asyncio.sleep(delay)
             delay = min(delay * 2, max_delay)

@@ -14,7 +14,7 @@ from contracts import metrics
 from contracts.dead_letters import DeadLetter, Rejection, dead_letter
 from contracts.messages import MetricReport, MetricWindow
 from contracts.settings import Settings
-from contracts.stage import Incoming, Publish, Subscription, Timer
+from contracts.stage import Incoming, Publish, Subscription, Timer, publish_per_key
 from knowledge import Knowledge
 from monitor.validation import parse_report
 from monitor.windows import RefusedReport, WindowState, add_report, already_applied
@@ -111,10 +111,10 @@ class MonitorAgent:
             if window is not None:
                 closed.append(window)
 
-        # Windows first, state second: a crash in between re-closes a window (analyze and plan
-        # drop the duplicate by its end) instead of losing it.
+        # Windows first (acknowledged by the broker), state second: a crash in between re-closes a
+        # window (analyze and plan drop the duplicate by its end) instead of losing it.
+        await publish_per_key(self.publish, "windows", [(window.job_id, window.to_bytes()) for window in closed])
         for window in closed:
-            await self.publish("windows", window.job_id, window.to_bytes())
             metrics.WINDOWS_CLOSED.labels(window.job_id).inc()
         for letter in rejected:
             await self.publish("dead_letter", letter.key or "", letter.to_bytes())

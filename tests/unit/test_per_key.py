@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.stage import Incoming, per_key
+from contracts.stage import Incoming, per_key, publish_per_key
 
 
 def record(key: str, n: int) -> Incoming:
@@ -55,3 +55,17 @@ def test_an_error_is_raised_after_every_other_record_was_handled() -> None:
     with pytest.raises(ConnectionError):
         asyncio.run(per_key([record("a", 1), record("b", 2), record("c", 3)], handle))
     assert sorted(done) == ["b", "c"]
+
+
+@given(st.lists(st.tuples(st.sampled_from("abcd"), st.binary(max_size=8)), max_size=40))
+def test_published_messages_keep_each_keys_order(messages: list[tuple[str, bytes]]) -> None:
+    sent: list[tuple[str, str, bytes]] = []
+
+    async def publish(topic: str, key: str, value: bytes) -> None:
+        await asyncio.sleep(0)  # an acknowledgement to wait for: the other keys interleave
+        sent.append((topic, key, value))
+
+    asyncio.run(publish_per_key(publish, "windows", messages))
+    assert sorted(sent) == sorted(("windows", key, value) for key, value in messages)
+    for key in "abcd":
+        assert [v for _, k, v in sent if k == key] == [v for k, v in messages if k == key]
