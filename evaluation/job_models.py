@@ -44,6 +44,9 @@ class JobModelFile(BaseModel):
         description="Records per busy second of one slot at or below the knee (DS2's true rate).")
     knee: Annotated[int, Field(ge=1)] | None = None
     efficiency_beyond_knee: Annotated[float, Field(ge=0, le=1)] = 1.0
+    contention: Annotated[float, Field(ge=0, le=1)] = Field(0.0, description="Universal Scalability Law: serial share.")
+    coherency: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.0, description="Universal Scalability Law: cost per pair of slots (> 0: capacity peaks, then falls).")
     batch_overhead_s: Annotated[float, Field(ge=0, le=60, allow_inf_nan=False)] = Field(
         0.0, description="Fixed wall time per micro-batch beyond the slots' work.")
     batch_work_s: PositiveSeconds = Field(
@@ -67,8 +70,8 @@ class JobModelFile(BaseModel):
             raise JobModelError("task_overhead_s must be less than batch_work_s (a full batch's work per slot)")
         # slot_rate is DS2's rate over full batches, task costs included: per record, a slot is faster.
         per_record = self.slot_rate * self.batch_work_s / (self.batch_work_s - self.task_overhead_s)
-        operator = Operator(self.name, per_record, knee=self.knee,
-                            efficiency_beyond_knee=self.efficiency_beyond_knee)
+        operator = Operator(self.name, per_record, knee=self.knee, efficiency_beyond_knee=self.efficiency_beyond_knee,
+                            contention=self.contention, coherency=self.coherency)
         return JobModel(operators=(operator,), fused=True, partitions=self.partitions,
                         checkpoint_interval_s=self.checkpoint_interval_s, downtime_up_s=self.downtime_up_s,
                         downtime_down_s=self.downtime_down_s, batch_overhead_s=self.batch_overhead_s,

@@ -2,9 +2,11 @@
 
 Pure: no I/O. The job is a chain of operators; each has a per-instance true processing rate
 (records/s one instance handles while 100 % busy), a selectivity (output records per input record),
-a skew (the busiest instance receives (1 + skew) / p of the operator's input instead of 1 / p) and a
+a skew (the busiest instance receives (1 + skew) / p of the operator's input instead of 1 / p), a
 knee beyond which extra instances add only a fraction of one (non-linear scaling: coordination,
-shared resources). The source has partitions and a backlog.
+shared resources) and Universal Scalability Law terms (Gunther): p instances do the work of
+p / (1 + contention (p - 1) + coherency p (p - 1)), which peaks and then falls when coherency > 0.
+The source has partitions and a backlog.
 
 Two layouts:
 - `fused` (Spark Structured Streaming): one parallelism, every task slot runs the whole chain, so a
@@ -42,17 +44,21 @@ class Operator:
     skew: float = 0.0
     knee: int | None = None
     efficiency_beyond_knee: float = 1.0  # what each instance beyond the knee adds, as a fraction of one
+    contention: float = 0.0  # USL: the serial share
+    coherency: float = 0.0  # USL: the cost of keeping instances consistent, per pair
 
     def __post_init__(self) -> None:
         if self.rate_per_instance <= 0 or self.selectivity < 0 or self.skew < 0:
             raise ValueError(f"operator {self.name}: rate must be > 0, selectivity and skew >= 0")
         if (self.knee is not None and self.knee < 1) or not 0 <= self.efficiency_beyond_knee <= 1:
             raise ValueError(f"operator {self.name}: knee must be >= 1 and efficiency in [0, 1]")
+        if not (0 <= self.contention <= 1 and 0 <= self.coherency <= 1):
+            raise ValueError(f"operator {self.name}: contention and coherency must be in [0, 1]")
 
     def effective_instances(self, p: int) -> float:
-        if self.knee is None or p <= self.knee:
-            return float(p)
-        return self.knee + (p - self.knee) * self.efficiency_beyond_knee
+        base = float(p) if self.knee is None or p <= self.knee else self.knee + (p - self.knee) * \
+            self.efficiency_beyond_knee
+        return base / (1 + self.contention * (p - 1) + self.coherency * p * (p - 1))
 
     def instance_rate(self, p: int) -> float:
         """The true processing rate of one instance at parallelism p, as DS2 measures it."""
