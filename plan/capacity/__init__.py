@@ -1,0 +1,1 @@
+"""Capacity planning before deployment: StreamBed's MST search, scaling models and resource explorer."""
