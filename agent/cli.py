@@ -33,12 +33,14 @@ def _mount_commands() -> None:
     Spark itself is imported only when a job runs)."""
     from agent.job_cli import job_app
     from agent.load_cli import loadgen_app
+    from evaluation.capacity_cli import capacity_app
     from evaluation.cli import calibrate_command, evaluate_command
 
     app.add_typer(job_app, name="job", help="Run a Spark job under the autoscaler's control.")
     app.add_typer(loadgen_app, name="load", help="Replay a load shape or trace into a topic.")
     app.command("evaluate")(evaluate_command)
     app.command("calibrate")(calibrate_command)
+    app.add_typer(capacity_app, name="capacity")
     bench_app.command("evaluate", help="The same as `autoscaler evaluate` (its former name, kept for one "
                       "release).")(evaluate_command)
     app.add_typer(bench_app, name="bench")
