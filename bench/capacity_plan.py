@@ -1,0 +1,135 @@
+"""`python -m bench.capacity_plan`: how far StreamBed's capacity plan extrapolates, against the truth.
+
+The testbed is the evaluation's job model (`evaluation.testbed.ModelTestbed`), with three jobs whose
+scaling is known (linear; sub-linear by the Universal Scalability Law, contention 0.02 and coherency
+0.00005; a knee at 5 slots beyond which each slot adds 60 % of one) and the demo job's model. Per job
+and noise seed (log-normal rate noise of 4.3 % per 10-s window, the demo job's measured noise), the
+planner measures MSTs on at most `--max-slots` slots (60 s settling and `--measure-s` per injected
+rate), fits the scaling models and predicts the MST at 32 and 64 slots. It is then asked for a rate
+equal to the true MST at 32 slots: the answer is run on the testbed at that rate (does it sustain
+it?) and its true capacity set against the rate (how much is it oversized?). Prints a table and
+writes JSON; medians and worst cases over the seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import code_version, machine_info
+from evaluation.job_models import demo_job_model
+from evaluation.jobmodel import JobModel
+from evaluation.testbed import ModelTestbed, scaling_truths
+from plan.capacity.explore import explore, recommend
+from plan.capacity.mst import SENSIBILITY
+
+RESULTS = Path(__file__).resolve().parent / "results" / "capacity_plan.json"
+NOISE = 0.043
+START_RATE = 10.0  # rec/s where the first search starts, far below every job's MST: no hint of the truth
+FAR = (32, 64)
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+def fewest_slots(model: JobModel, rate: float, largest: int = 4096) -> int:
+    return next((n for n in range(1, largest + 1) if model.capacity(n) >= rate), largest)
+
+
+def one_plan(name: str, model: JobModel, seed: int, max_slots: int, measure_s: float,
+             sensibility: float = SENSIBILITY) -> dict[str, Any]:
+    started = time.perf_counter()
+    testbed = ModelTestbed(model, rate_noise=NOISE, seed=seed, measure_s=measure_s)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy's covariance warnings on exact fits
+        exploration = explore(testbed, list(range(1, max_slots + 1)), first_guess=START_RATE, seed=seed,
+                              sensibility=sensibility)
+    fit = exploration.model
+    rate = model.capacity(32)
+    answer = recommend(exploration.fits, rate)
+    row: dict[str, Any] = {
+        "job": name, "seed": seed, "model": fit.name, "loo_error": fit.loo_error,
+        "measured": len(exploration.measurements), "stopped": exploration.stopped,
+        "testbed_slot_hours": exploration.slot_seconds / 3600,
+        **{f"error_at_{n}": fit.at(n) / model.capacity(n) - 1 for n in FAR},
+        "rate": rate, "answer_slots": answer.slots, "fewest_slots": fewest_slots(model, rate),
+        "wall_s": time.perf_counter() - started,
+    }
+    if answer.slots is not None:
+        check = ModelTestbed(model, rate_noise=NOISE, seed=10_000 + seed, measure_s=600.0)
+        row["sustained"] = check.run(answer.slots, rate).sustained
+        row["capacity_oversize"] = model.capacity(answer.slots) / rate - 1
+        row["slot_oversize"] = answer.slots / row["fewest_slots"] - 1
+    truth = model.capacity(answer.slots or answer.best_slots)
+    row.update(interval=(answer.low, answer.high), truth_in_interval=answer.low <= truth <= answer.high,
+               models_disagree=answer.models_disagree)
+    return row
+
+
+def _pct(values: list[float]) -> str:
+    ordered = sorted(values, key=abs)
+    return f"{100 * ordered[len(ordered) // 2]:+.1f} / {100 * ordered[-1]:+.1f}"
+
+
+@app.command()
+def main(
+    seeds: Annotated[int, typer.Option(help="Noise seeds per job.")] = 5,
+    max_slots: Annotated[int, typer.Option(help="The testbed's largest configuration.")] = 8,
+    measure_s: Annotated[float, typer.Option(help="Seconds measured per injected rate.")] = 300.0,
+    sensibility: Annotated[float, typer.Option(help="The dichotomy stops when its next rate is this close to "
+                                                     "the last (relative).")] = SENSIBILITY,
+    output: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS,
+) -> None:
+    console = Console(width=max(150, Console().width))
+    jobs = {**scaling_truths(), "demo": demo_job_model().model()}
+    rows = [one_plan(name, model, seed, max_slots, measure_s, sensibility)
+            for name, model in jobs.items() for seed in range(seeds)]
+    table = Table(title=f"capacity plans trained on 1-{max_slots} slots, {seeds} seeds per job, noise {NOISE:.1%} "
+                        "per 10-s window; error median / worst (by size)", title_justify="left")
+    for column in ("job", "models chosen", "error at 32", "error at 64", "answer for MST(32): slots",
+                   "sustained", "capacity oversize", "truth in interval", "flagged", "testbed slot-hours"):
+        table.add_column(column, justify="right")
+    summaries = {}
+    for name in jobs:
+        mine = [r for r in rows if r["job"] == name]
+        answered = [r for r in mine if r["answer_slots"] is not None]
+        chosen = ", ".join(sorted({r["model"] for r in mine}))
+        summaries[name] = {
+            "models": chosen,
+            **{f"error_at_{n}": {"median_abs": sorted(abs(r[f"error_at_{n}"]) for r in mine)[len(mine) // 2],
+                                 "worst_abs": max(abs(r[f"error_at_{n}"]) for r in mine)} for n in FAR},
+            "sustained": sum(bool(r.get("sustained")) for r in mine), "plans": len(mine),
+            "worst_capacity_oversize": max((r["capacity_oversize"] for r in answered), default=None),
+            "truth_in_interval": sum(r["truth_in_interval"] for r in mine),
+            "models_disagree": sum(r["models_disagree"] for r in mine),
+        }
+        table.add_row(
+            name, chosen, _pct([r["error_at_32"] for r in mine]), _pct([r["error_at_64"] for r in mine]),
+            f"{min(r['answer_slots'] or 0 for r in mine)}-{max(r['answer_slots'] or 0 for r in mine)} "
+            f"(fewest {mine[0]['fewest_slots']})",
+            f"{summaries[name]['sustained']} of {len(mine)}",
+            _pct([r["capacity_oversize"] for r in answered]) if answered else "-",
+            f"{sum(r['truth_in_interval'] for r in mine)} of {len(mine)}",
+            f"{sum(r['models_disagree'] for r in mine)} of {len(mine)}",
+            f"{sorted(r['testbed_slot_hours'] for r in mine)[len(mine) // 2]:.1f}",
+        )
+    console.print(table)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps({
+        "settings": {"seeds": seeds, "max_slots": max_slots, "measure_s": measure_s, "settle_s": 60.0,
+                     "start_rate": START_RATE,
+                     "sensibility": sensibility,
+                     "noise": NOISE}, "summaries": summaries, "rows": rows,
+        "code": code_version(("plan/capacity/scaling.py", "plan/capacity/mst.py", "plan/capacity/explore.py",
+                              "evaluation/testbed.py", "evaluation/jobmodel.py")),
+        "machine": machine_info()}, indent=1, default=str))
+    console.print(f"wrote {output}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,133 @@
+"""Capacity planning (StreamBed): the MST dichotomy, the scaling models, the explorer's answer."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evaluation.jobmodel import JobModel, Operator
+from evaluation.testbed import ModelTestbed, scaling_truths
+from plan.capacity.explore import explore, measure_mst, recommend
+from plan.capacity.mst import SENSIBILITY, SUCCESS_SHARE, Dichotomy, Step
+from plan.capacity.scaling import BY_NAME, Fit, fit_all, select
+
+
+class Threshold:
+    """A testbed that sustains exactly the rates up to `mst`."""
+
+    def __init__(self, mst: float):
+        self.mst = mst
+        self.rates: list[float] = []
+
+    def run(self, slots: int, rate: float) -> Step:
+        self.rates.append(rate)
+        return Step(rate, min(rate, self.mst), max(0.0, (rate - self.mst) * 60), 60.0)
+
+
+@given(st.floats(1.0, 1e6), st.floats(0.01, 100.0))
+def test_the_dichotomy_finds_the_mst_within_its_sensibility_from_any_start(mst: float, guess_ratio: float) -> None:
+    testbed = Threshold(mst)
+    search = Dichotomy(start=mst * guess_ratio)
+    while not search.done:
+        search.update(testbed.run(1, search.target()))
+    # Never a rate beyond what counts as sustained (99 % processed: StreamBed's tolerance).
+    assert search.mst <= mst / SUCCESS_SHARE
+    if len(search.steps) < search.max_steps:
+        assert search.mst >= mst * (1 - 2.5 * SENSIBILITY)
+
+
+def test_a_step_that_falls_behind_or_grows_its_backlog_is_not_sustained() -> None:
+    assert Step(100, 100, 0, 60).sustained
+    assert Step(100, 99.5, 10, 60).sustained
+    assert not Step(100, 97, 0, 60).sustained  # processed under 99 %
+    assert not Step(100, 100, 500, 60).sustained  # the backlog grew by 5 s of input
+
+
+def test_a_configuration_that_never_sustains_anything_is_reported_unstable_after_one_repeat() -> None:
+    class Never:
+        runs = 0
+
+        def run(self, slots: int, rate: float) -> Step:
+            self.runs += 1
+            return Step(rate, 0.0, rate * 60, 60.0)
+
+    testbed = Never()
+    measured = measure_mst(testbed, 2, 100.0)
+    assert not measured.stable and measured.mst == 0
+    assert measured.steps == testbed.runs and testbed.runs > 2  # two searches, none averaged in
+
+
+@pytest.mark.parametrize(("truth", "name", "params"), [
+    ("linear", "linear", (120.0, 0.0)),
+    ("amdahl", "amdahl", (100.0, 0.05)),
+    ("usl", "usl", (100.0, 0.03, 0.002)),
+    ("knee", "knee", (100.0, 4.0, 0.3)),
+])
+def test_exact_measurements_select_their_own_curve_and_extrapolate_it(truth: str, name: str,
+                                                                     params: tuple[float, ...]) -> None:
+    slots = np.arange(1, 9, dtype=float)
+    mst = BY_NAME[truth].curve(slots, *params)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        chosen = select(slots, mst)
+    truth_far = BY_NAME[truth].curve(np.array([32.0, 64.0]), *params)
+    assert chosen.loo_error < 0.01
+    assert np.allclose(chosen.predict([32, 64]), truth_far, rtol=0.02), (chosen, truth_far)
+
+
+def test_too_few_measurements_fit_nothing_and_bad_ones_are_refused() -> None:
+    assert fit_all([1, 2], [100, 200]) == []
+    with pytest.raises(ValueError, match="too few"):
+        select([1, 2], [100, 200])
+    with pytest.raises(ValueError):
+        fit_all([1, 2, 3], [100, -1, 300])
+
+
+def test_the_answer_plans_for_110_percent_and_a_rate_out_of_reach_gets_the_best_reachable() -> None:
+    linear = Fit("linear", (100.0, 0.0), 0.01)
+    answer = recommend([linear], 1000)
+    assert answer.reachable and answer.slots == 11  # 1,100 rec/s needs 11 slots of 100
+    assert answer.low < answer.predicted_mst < answer.high
+    peaked = Fit("usl", (100.0, 0.05, 0.01), 0.02)  # peaks near 10 slots, at about 400 rec/s
+    out_of_reach = recommend([peaked], 2000)
+    assert not out_of_reach.reachable and out_of_reach.slots is None
+    assert out_of_reach.predicted_mst == pytest.approx(peaked.predict(np.arange(1, 4097)).max())
+    assert "out of reach" in out_of_reach.message and str(out_of_reach.best_slots) in out_of_reach.message
+    with pytest.raises(ValueError):
+        recommend([linear], 0)
+
+
+def test_usl_terms_bend_the_job_models_capacity() -> None:
+    plain = JobModel(operators=(Operator("a", 100.0),))
+    usl = JobModel(operators=(Operator("a", 100.0, contention=0.1, coherency=0.01),))
+    assert usl.capacity(1) == plain.capacity(1)
+    assert usl.capacity(8) < plain.capacity(8)
+    assert usl.capacity(30) < usl.capacity(10)  # past its peak (about 9.5 slots), capacity falls
+    with pytest.raises(ValueError):
+        Operator("a", 100.0, coherency=-0.1)
+
+
+@settings(max_examples=5, deadline=None)
+@given(st.integers(0, 1000))
+def test_the_explorer_on_a_noiseless_linear_job_answers_with_the_fewest_slots_for_110_percent(seed: int) -> None:
+    model = scaling_truths()["linear"]
+    testbed = ModelTestbed(model, rate_noise=0.0, seed=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = explore(testbed, list(range(1, 9)), first_guess=30.0, seed=seed)
+    assert {1, 8} <= {m.slots for m in result.measurements}
+    assert result.stopped
+    assert math.isclose(result.model.at(64), model.capacity(64), rel_tol=0.03)
+    answer = recommend(result.fits, model.capacity(32))
+    assert answer.slots is not None and 35 <= answer.slots <= 37  # 110 % of 32 slots' rate
+
+
+def test_the_explorer_stops_when_the_testbed_budget_is_spent() -> None:
+    testbed = ModelTestbed(scaling_truths()["linear"], rate_noise=0.0)
+    result = explore(testbed, list(range(1, 9)), first_guess=30.0, budget_slot_s=1.0)
+    assert result.stopped == "budget spent" and len(result.measurements) == 2  # the corners only
