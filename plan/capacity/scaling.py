@@ -22,11 +22,12 @@ Pure: numpy and scipy only.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import curve_fit
+from scipy.optimize import OptimizeWarning, curve_fit
 
 Curve = Callable[..., np.ndarray]
 
@@ -103,7 +104,9 @@ def fit_curve(candidate: Candidate, n: np.ndarray, mst: np.ndarray) -> tuple[flo
     for p0 in starts:
         p0 = [min(max(v, lo), hi) for v, lo, hi in zip(p0, low, high, strict=True)]
         try:
-            params, _ = curve_fit(candidate.curve, n, mst, p0=p0, bounds=(low, high), sigma=mst, maxfev=20_000)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", OptimizeWarning)  # the covariance is not used
+                params, _ = curve_fit(candidate.curve, n, mst, p0=p0, bounds=(low, high), sigma=mst, maxfev=20_000)
         except (RuntimeError, ValueError):
             continue
         residual = float(np.sum(((candidate.curve(n, *params) - mst) / mst) ** 2))

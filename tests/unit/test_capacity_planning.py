@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,3 +133,31 @@ def test_the_explorer_stops_when_the_testbed_budget_is_spent() -> None:
     testbed = ModelTestbed(scaling_truths()["linear"], rate_noise=0.0)
     result = explore(testbed, list(range(1, 9)), first_guess=30.0, budget_slot_s=1.0)
     assert result.stopped == "budget spent" and len(result.measurements) == 2  # the corners only
+
+
+def test_the_command_writes_a_report_and_a_plot_and_refuses_what_it_cannot_answer(tmp_path: Path) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from evaluation.capacity_cli import capacity_app
+
+    cli = typer.Typer()
+    cli.add_typer(capacity_app, name="capacity")  # as `autoscaler capacity plan`
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(cli, ["capacity", "plan", "--truth", "linear", "--rate", "3000", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    # 110 % of 3,000 rec/s at 100 per slot: 33 slots at least; never fewer than the rate needs in truth.
+    assert report["answer"]["reachable"] and 33 <= report["answer"]["slots"] <= 40
+    assert report["true_mst_at_answer"] >= 3000
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    assert {m["slots"] for m in report["measurements"]} >= {1, 8}
+    # A rate beyond the model's reach: the best reachable rate and exit status 2, never a configuration.
+    far = CliRunner().invoke(cli, ["capacity", "plan", "--truth", "usl", "--rate", "1e9", "--out", str(out)])
+    assert far.exit_code == 2 and "out of reach" in far.output
+    assert json.loads(out.read_text())["answer"]["slots"] is None
+    bad = CliRunner().invoke(cli, ["capacity", "plan", "--rate", "-1", "--out", str(out)])
+    assert bad.exit_code != 0 and "positive" in bad.output
+    starved = CliRunner().invoke(cli, ["capacity", "plan", "--truth", "knee", "--rate", "500", "--budget-core-hours",
+                                                "0.001", "--out", str(out)])
+    assert starved.exit_code == 1 and "no scaling model could be fitted" in starved.output
