@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from pathlib import Path
@@ -111,16 +110,9 @@ def schema(
 
 
 def _knowledge_call(fn):  # type: ignore[no-untyped-def]
-    from knowledge import RedisKnowledge
+    from knowledge import with_knowledge
 
-    async def run():  # type: ignore[no-untyped-def]
-        knowledge = RedisKnowledge(get_settings())
-        try:
-            return await fn(knowledge)
-        finally:
-            await knowledge.close()
-
-    return asyncio.run(run())
+    return with_knowledge(get_settings(), fn)
 
 
 def _known_policy(overrides: dict[str, str]) -> dict[str, str]:

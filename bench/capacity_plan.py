@@ -7,28 +7,42 @@ and noise seed (log-normal rate noise of 4.3 % per 10-s window, the demo job's m
 planner measures MSTs on at most `--max-slots` slots (60 s settling and `--measure-s` per injected
 rate), fits the scaling models and predicts the MST at 32 and 64 slots. It is then asked for a rate
 equal to the true MST at 32 slots: the answer is run on the testbed at that rate (does it sustain
-it?) and its true capacity set against the rate (how much is it oversized?). Prints a table and
-writes JSON; medians and worst cases over the seeds.
+it?) and its true capacity set against the rate (how much is it oversized?).
+
+Then the plan's use: a new job of the demo job's model starts at 1 slot under a quarter of the peak
+(150 rec/s) for an hour, then the load steps to the peak (600 rec/s, x4) for an hour, in the one
+simulator under the default policy (no forecast), once without a planned capacity and once seeded
+with the plan (`planned_capacity` in its configuration, as `autoscaler capacity plan --job` writes
+it), same noise. Counted after the step: scale-ups, the first one's target, the parallelism that
+held, the peak backlog and the time beyond the backlog target. Prints tables and writes JSON;
+medians and worst cases over the seeds.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from bench.common import code_version, machine_info
+from contracts.jobs import JobConfig
+from evaluation.capacity_cli import planned_curve
 from evaluation.job_models import demo_job_model
 from evaluation.jobmodel import JobModel
-from evaluation.testbed import ModelTestbed, scaling_truths
+from evaluation.simulator import PolicyRunner, simulate
+from evaluation.testbed import WINDOW_S, ModelTestbed, scaling_truths
+from evaluation.traces import load_trace
 from plan.capacity.explore import explore, recommend
 from plan.capacity.mst import SENSIBILITY
+from plan.registry import make_policy
 
 RESULTS = Path(__file__).resolve().parent / "results" / "capacity_plan.json"
 NOISE = 0.043
@@ -60,6 +74,9 @@ def one_plan(name: str, model: JobModel, seed: int, max_slots: int, measure_s: f
         "rate": rate, "answer_slots": answer.slots, "fewest_slots": fewest_slots(model, rate),
         "wall_s": time.perf_counter() - started,
     }
+    curve, error = planned_curve(exploration, STEP_MAX_PARALLELISM)
+    row["planned_curve"] = ",".join(f"{p}:{c:g}" for p, c in curve.items())
+    row["planned_error"] = error
     if answer.slots is not None:
         check = ModelTestbed(model, rate_noise=NOISE, seed=10_000 + seed, measure_s=600.0)
         row["sustained"] = check.run(answer.slots, rate).sustained
@@ -69,6 +86,28 @@ def one_plan(name: str, model: JobModel, seed: int, max_slots: int, measure_s: f
     row.update(interval=(answer.low, answer.high), truth_in_interval=answer.low <= truth <= answer.high,
                models_disagree=answer.models_disagree)
     return row
+
+
+STEP_SLOTS = (3.0, 6.0)  # the step's peak: so many times one slot's capacity (a quarter of it before the step)
+STEP_MAX_PARALLELISM = 12
+
+
+def first_decisions(model: JobModel, seed: int, planned: str, error: float, slots: float) -> dict[str, Any]:
+    """The step-up trace on a new job at 1 slot, with the planned capacity given (or "")."""
+    peak = slots * model.capacity(1)
+    trace = load_trace("step-up", hours=2.0, peak=peak, window_s=WINDOW_S, regime="real-time", seed=seed)
+    config = JobConfig(max_parallelism=STEP_MAX_PARALLELISM, planned_capacity=planned, planned_capacity_error=error)
+    runner = PolicyRunner(make_policy("default"), config)
+    run = simulate(trace, model, runner, config, 1, config.backlog_target_s, None, seed, NOISE)
+    t = np.asarray(run.timeline.t)
+    p = np.asarray(run.timeline.parallelism)
+    after = t > 3600
+    ups = [int(b) for a, b, late in zip(p[:-1], p[1:], after[1:], strict=True) if late and b > a]
+    backlog = np.asarray(run.timeline.backlog)[after]
+    return {"scale_ups_after_step": len(ups), "first_target": ups[0] if ups else None,
+            "held": int(p[-1]), "peak_backlog": float(backlog.max()),
+            "fewest_slots": fewest_slots(model, peak),
+            "seconds_beyond_target": float(WINDOW_S * np.sum(backlog > config.backlog_target_s * peak))}
 
 
 def _pct(values: list[float]) -> str:
@@ -119,8 +158,32 @@ def main(
             f"{sorted(r['testbed_slot_hours'] for r in mine)[len(mine) // 2]:.1f}",
         )
     console.print(table)
+    step_rows = []
+    for (name, model), seed, size in itertools.product(jobs.items(), range(seeds), STEP_SLOTS):
+        plan = next(r for r in rows if r["job"] == name and r["seed"] == seed)
+        for arm, curve in (("without", ""), ("with", plan["planned_curve"])):
+            step_rows.append({"job": name, "seed": seed, "step_slots": size, "plan": arm}
+                             | first_decisions(model, seed, curve, plan["planned_error"], size))
+    step = Table(title=f"a new job at 1 slot, its load x4 after an hour (to 3 or 6 slots' worth at one slot's rate), "
+                       f"without and with its plan; {seeds} seeds; median / worst", title_justify="left")
+    for column in ("job", "to", "plan", "scale-ups after the step", "first scale-up to", "held at (fewest)",
+                   "peak backlog (records)", "seconds beyond the target"):
+        step.add_column(column, justify="right")
+    for name, size, arm in itertools.product(jobs, STEP_SLOTS, ("without", "with")):
+        mine = [r for r in step_rows if r["job"] == name and r["plan"] == arm and r["step_slots"] == size]
+
+        def spread(key: str, mine: list[dict[str, Any]] = mine) -> str:
+            values = sorted(float(r[key] or 0) for r in mine)
+            return f"{values[len(values) // 2]:,.0f} / {values[-1]:,.0f}"
+
+        step.add_row(name, f"{size:g}", arm, spread("scale_ups_after_step"),
+                     ", ".join(str(r["first_target"]) for r in mine),
+                     f"{', '.join(str(r['held']) for r in mine)} ({mine[0]['fewest_slots']})",
+                     spread("peak_backlog"), spread("seconds_beyond_target"))
+    console.print(step)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps({
+        "first_decisions": step_rows,
         "settings": {"seeds": seeds, "max_slots": max_slots, "measure_s": measure_s, "settle_s": 60.0,
                      "start_rate": START_RATE,
                      "sensibility": sensibility,

@@ -103,10 +103,24 @@ class JobConfig(BaseModel):
         1.0, gt=0, le=10, description="After a rescale, a lag rate beyond k standard deviations of normal is "
         "anomalous; the first sustained return within k ends the recovery."
     )
+    planned_capacity: str = Field(
+        "", max_length=100_000, description="The capacity `autoscaler capacity plan --job` predicted before the "
+        "job ran, as `slots:records/s` pairs (`1:215,2:430,...`); the default planner pools it with what it "
+        "measures, so it weighs less as live windows arrive. Empty: none."
+    )
+    planned_capacity_error: float = Field(
+        0.1, gt=0, le=10, description="The planned capacity's relative error (its weight against measurements)."
+    )
     excluded_periods: str = Field(
         "", description="UTC ranges without rescaling, `;`-separated: `22:00-06:00`, `Sat,Sun 00:00-24:00`, "
         "`2026-12-24T00:00/2026-12-27T00:00`."
     )
+
+    @field_validator("planned_capacity")
+    @classmethod
+    def _planned_parse(cls, value: str) -> str:
+        parse_planned_capacity(value)
+        return value
 
     @field_validator("excluded_periods")
     @classmethod
@@ -142,6 +156,21 @@ class JobConfig(BaseModel):
 
 class ConfigError(ValueError):
     pass
+
+
+def parse_planned_capacity(value: str) -> dict[int, float]:
+    """`1:215,2:430` -> {1: 215.0, 2: 430.0}; a clear ValueError for anything else."""
+    planned: dict[int, float] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        slots, sep, rate = item.partition(":")
+        try:
+            p, capacity = int(slots), float(rate)
+        except ValueError:
+            raise ValueError(f"planned capacity: expected slots:records/s, got {item!r}") from None
+        if not sep or p < 1 or not (0 < capacity < float("inf")):
+            raise ValueError(f"planned capacity: slots must be >= 1 and records/s > 0, got {item!r}")
+        planned[p] = capacity
+    return planned
 
 
 def parse_assignments(assignments: list[str]) -> dict[str, str]:

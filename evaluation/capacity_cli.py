@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.progress import Progress
@@ -21,9 +22,10 @@ from rich.table import Table
 
 from evaluation.job_models import JobModelError, load_job_model
 from evaluation.testbed import ModelTestbed, scaling_truths
-from plan.capacity.explore import Answer, Exploration, explore, recommend
+from plan.capacity.explore import Answer, Exploration, explore, plausible, recommend
 
 RESULTS = Path("results")
+MAX_PLANNED_SLOTS = 4096  # a job configuration holds the planned capacity up to this many slots
 capacity_app = typer.Typer(help="Capacity planning before deployment (StreamBed).", no_args_is_help=True)
 
 
@@ -50,7 +52,6 @@ def plot_plan(report: dict[str, Any], path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     from plan.capacity.scaling import Fit
 
@@ -94,6 +95,8 @@ def plan_command(
     start_rate: Annotated[float, typer.Option(help="Where the first MST search starts (rec/s); it doubles from "
                                                    "there until the job falls behind.")] = 100.0,
     seed: Annotated[int, typer.Option(help="Seed of the testbed's rate noise.")] = 0,
+    job: Annotated[str | None, typer.Option(help="A registered job whose knowledge starts from this plan: its "
+                                                 "planner pools the planned capacity with what it measures.")] = None,
     out: Annotated[Path, typer.Option(help="The JSON report; the PNG goes beside it.")] = RESULTS / "capacity.json",
 ) -> None:
     """Measure the job's maximum sustainable throughput on a small testbed, fit scaling models, and
@@ -116,6 +119,12 @@ def plan_command(
         except JobModelError as exc:
             raise typer.BadParameter(str(exc), param_hint="--job-model") from None
         model, noise = loaded.model(), loaded.rate_noise
+    if job is not None:
+        from contracts.settings import get_settings
+        from knowledge import with_knowledge
+
+        if not with_knowledge(get_settings(), lambda k: k.job_exists(job)):
+            raise typer.BadParameter(f"{job} is not registered (autoscaler jobs register {job})", param_hint="--job")
     testbed = ModelTestbed(model, rate_noise=noise, seed=seed, measure_s=measure_s)
     budget = math.inf if budget_core_hours is None else budget_core_hours * 3600
     started = time.perf_counter()
@@ -134,8 +143,86 @@ def plan_command(
     out.write_text(json.dumps(report, indent=1))
     png = plot_plan(report, out.with_suffix(".png"))
     console.print(f"{answer.message}\nwrote {out} and {png.name} in {time.perf_counter() - started:.1f} s")
+    if job is not None:
+        seeded = seed_job(job, exploration)
+        console.print(f"{job}: planned capacity at 1-{seeded['slots']} slots (error {seeded['error']:.0%}) "
+                      "stored in its configuration; `autoscaler capacity show` compares it with what it measures")
     if not answer.reachable:
         raise typer.Exit(2)
+
+
+def planned_curve(exploration: Exploration, slots: int) -> tuple[dict[int, float], float]:
+    """The capacity to seed a job with at 1..slots, and its relative error: the chosen model's curve,
+    or, where plausible models part, the most pessimistic of them at each p; the error is their
+    spread at `slots` (the farthest the job may go) or two leave-one-out errors, at least 5 %."""
+    n = np.arange(1, slots + 1)
+    model = exploration.model
+    curves = np.array([model.predict(n), *(f.predict(n) for f in plausible(exploration.fits))])
+    curve = curves.min(axis=0)
+    far = curves[:, -1]
+    error = max(0.05, 2 * model.loo_error, float((far.max() - far.min()) / (2 * curve[-1])))
+    return {int(p): round(float(c), 1) for p, c in zip(n, curve, strict=True) if c > 0}, error
+
+
+def seed_job(job: str, exploration: Exploration) -> dict[str, Any]:
+    from contracts.settings import get_settings
+    from knowledge import RedisKnowledge, with_knowledge
+
+    async def store(knowledge: RedisKnowledge) -> dict[str, Any]:
+        if not await knowledge.job_exists(job):
+            raise KeyError(job)
+        config = await knowledge.job_config(job)
+        curve, error = planned_curve(exploration, min(config.max_parallelism, MAX_PLANNED_SLOTS))
+        await knowledge.set_config(job, {"planned_capacity": ",".join(f"{p}:{c:g}" for p, c in curve.items()),
+                                         "planned_capacity_error": f"{error:.3f}"})
+        return {"slots": max(curve), "error": error}
+
+    try:
+        return with_knowledge(get_settings(), store)
+    except KeyError:
+        raise typer.BadParameter(f"{job} is not registered (autoscaler jobs register {job})",
+                                 param_hint="--job") from None
+
+
+@capacity_app.command("show")
+def show_command(job: Annotated[str, typer.Argument(help="A registered job.")]) -> None:
+    """The job's planned capacity against what its planner has measured, per parallelism."""
+    from contracts.jobs import parse_planned_capacity
+    from contracts.settings import get_settings
+    from knowledge import RedisKnowledge, with_knowledge
+    from plan.policies.default import PlannerMemory
+
+    async def read(knowledge: RedisKnowledge) -> tuple[dict[int, float], dict[str, Any]]:
+        if not await knowledge.job_exists(job):
+            raise KeyError(job)
+        config = await knowledge.job_config(job)
+        state = await knowledge.plan_state(job)
+        return parse_planned_capacity(config.planned_capacity), state.policy_state or {}
+
+    console = Console()
+    try:
+        planned, policy_state = with_knowledge(get_settings(), read)
+    except KeyError:
+        console.print(f"[red]{job} is not registered (autoscaler jobs register {job})[/red]")
+        raise typer.Exit(2) from None
+    memory = PlannerMemory.model_validate(policy_state) if "known" in policy_state else PlannerMemory()
+    # What the planner measured is the rate of full micro-batches; it plans with the batch efficiency's
+    # share of it, as the testbed's sustained throughput includes it.
+    efficiency = memory.batch.efficiency if memory.batch is not None else 1.0
+    observed = {int(p): (m.capacity * efficiency, m.n) for p, m in memory.known.items()}
+    if not planned and not observed:
+        console.print(f"{job}: no planned capacity (autoscaler capacity plan --job {job}) and nothing measured yet")
+        return
+    table = Table(title=f"{job}: planned against observed capacity (rec/s)", title_justify="left")
+    for column in ("slots", "planned", "observed", "windows", "observed / planned"):
+        table.add_column(column, justify="right")
+    shown = max(max(observed, default=0) + 8, 16)
+    for p in sorted(set(observed) | {q for q in planned if q <= shown}):
+        seen = observed.get(p)
+        ratio = f"{seen[0] / planned[p]:.2f}" if seen is not None and p in planned else "-"
+        table.add_row(str(p), f"{planned[p]:,.0f}" if p in planned else "-",
+                      f"{seen[0]:,.0f}" if seen else "-", str(seen[1]) if seen else "0", ratio)
+    console.print(table)
 
 
 def print_plan(console: Console, report: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.jobs import JobConfig
+from contracts.jobs import JobConfig, parse_planned_capacity
 from contracts.messages import Action, Analysis, DecisionReason, ForecastView
 from contracts.periods import excluded_at, parse_periods
 from contracts.plan_state import PlanState
@@ -136,7 +136,8 @@ class PlannerMemory(BaseModel):
     last_up_at: float | None = None  # metric time of the last scale-up decided
 
 
-def capacities(known: dict[str, Measured], max_parallelism: int, noise_cv: float, z: float) -> np.ndarray:
+def capacities(known: dict[str, Measured], max_parallelism: int, noise_cv: float, z: float,
+               planned: dict[int, float] | None = None, planned_error: float = 0.1) -> np.ndarray:
     """A lower quantile of the capacity at p = 0..max (index 0 is 0).
 
     Every measured parallelism q gives an estimate at p: its measured capacity scaled by (p / q)^k,
@@ -148,11 +149,17 @@ def capacities(known: dict[str, Measured], max_parallelism: int, noise_cv: float
     so one noisy window at a new parallelism does not outweigh what the others imply. The quantile is
     the pooled estimate less z times its error. The window-to-window noise itself is left out: the backlog sums it over
     the many windows it takes to fill the target, where it averages away; the error of the mean
-    does not."""
+    does not.
+    A `planned` capacity (StreamBed's plan, made before the job ran: `plan.capacity`) is one more
+    estimate at each p it names, of relative error `planned_error`: alone it sizes a new job's first
+    decision; measured windows outweigh it as they accumulate."""
     points = sorted((int(p), m) for p, m in known.items() if m.capacity > 0)
+    planned = {p: c for p, c in (planned or {}).items() if 1 <= p <= max_parallelism and c > 0}
     out = np.zeros(max_parallelism + 1)
     if not points:
-        return out
+        for p, c in planned.items():
+            out[p] = c * max(0.5, 1 - z * planned_error)
+        return np.maximum.accumulate(out)
     settled = [(p, m) for p, m in points if m.n >= FIT_MIN_WINDOWS]
     if len(settled) >= 2:
         x = np.log([p for p, _ in settled])
@@ -167,6 +174,9 @@ def capacities(known: dict[str, Measured], max_parallelism: int, noise_cv: float
         k = np.where(p > q, exponent, 1.0)
         estimates = c * (p / q) ** k
         variances = noise_cv**2 / n + (np.log2(p / q) * EXTRAPOLATION_ERROR) ** 2
+        if p in planned:
+            estimates = np.append(estimates, planned[p])
+            variances = np.append(variances, planned_error**2)
         weights = 1 / np.maximum(variances, 1e-12)
         estimate = float((weights * estimates).sum() / weights.sum())
         relative = math.sqrt(1 / weights.sum())
@@ -287,15 +297,19 @@ class CostPlanner:
         """The planning problem this window poses; None while the arrival level or capacity is unknown.
         Without `quantiles`, with the point estimates (the mean level and capacities)."""
         level = memory.level.upper_level(self.rate_z if quantiles else 0.0)
-        if level is None or not memory.known:
+        planned = parse_planned_capacity(config.planned_capacity)
+        if level is None or not (memory.known or planned):
             return None
         steps = max(1, math.ceil(self.horizon_s / self.step_s))
         rates = planned_rates(level, analysis.forecast, analysis.window_end, steps, self.step_s,
                               memory.skill.trusted(), memory.skill.band())
         noise = memory.noise_cv if memory.noise_cv is not None else NOISE_PRIOR
-        capacity = capacities(memory.known, config.max_parallelism, noise, self.capacity_z if quantiles else 0.0)
-        if memory.batch is not None:
-            capacity = capacity * memory.batch.efficiency
+        # Measured capacities are rates of full micro-batches (times the batch efficiency below); a planned
+        # one is the testbed's sustained throughput, efficiency included.
+        efficiency = memory.batch.efficiency if memory.batch is not None else 1.0
+        capacity = capacities(memory.known, config.max_parallelism, noise, self.capacity_z if quantiles else 0.0,
+                              {p: c / efficiency for p, c in planned.items()}, config.planned_capacity_error)
+        capacity = capacity * efficiency
         up, down = downtimes_expected(state.downtimes, config)
         replay = (analysis.arrival_rate or 0.0) * config.checkpoint_interval_s / 2
         return PlanProblem(

@@ -161,3 +161,48 @@ def test_the_command_writes_a_report_and_a_plot_and_refuses_what_it_cannot_answe
     starved = CliRunner().invoke(cli, ["capacity", "plan", "--truth", "knee", "--rate", "500", "--budget-core-hours",
                                                 "0.001", "--out", str(out)])
     assert starved.exit_code == 1 and "no scaling model could be fitted" in starved.output
+
+
+def test_a_planned_capacity_alone_sizes_a_new_job_and_measurements_outweigh_it() -> None:
+    from plan.policies.default import Measured, capacities
+
+    planned = {p: 100.0 * p for p in range(1, 9)}
+    alone = capacities({}, 8, noise_cv=0.05, z=1.28, planned=planned, planned_error=0.1)
+    assert alone[0] == 0 and alone[4] == pytest.approx(400 * (1 - 1.28 * 0.1))
+    assert capacities({}, 8, noise_cv=0.05, z=1.28)[4] == 0  # nothing known without a plan
+    # The job measures 80 rec/s per slot at 4 slots: a few windows pull the estimate, many replace the plan.
+    few = capacities({"4": Measured(capacity=320.0, n=2)}, 8, noise_cv=0.05, z=0.0, planned=planned)
+    many = capacities({"4": Measured(capacity=320.0, n=500)}, 8, noise_cv=0.05, z=0.0, planned=planned)
+    assert 320 < few[4] < 400 and many[4] == pytest.approx(320.0, rel=0.02)
+    assert abs(many[4] - 320) < abs(few[4] - 320)
+
+
+def test_the_planner_plans_a_new_jobs_first_step_from_its_planned_capacity() -> None:
+    from contracts.jobs import JobConfig
+    from contracts.messages import Analysis
+    from contracts.plan_state import PlanState
+    from plan.level import update
+    from plan.policies.default import CostPlanner, PlannerMemory
+
+    level = PlannerMemory().level
+    for i in range(6):
+        level, _ = update(level, 10.0 * i, 500.0)
+    memory = PlannerMemory(level=level)  # the arrival level is known; no capacity was measured yet
+    now = Analysis(job_id="j", window_end=60.0, parallelism=1, valid=True, true_processing_rate=0.0,
+                   true_output_rate=0.0, observed_processing_rate=0.0, utilization=0.0, arrival_rate=500.0,
+                   backlog=0, closed_at=60.0)
+    planner = CostPlanner()
+    assert planner.problem(memory, now, JobConfig(max_parallelism=8), PlanState()) is None
+    planned = JobConfig(max_parallelism=8, planned_capacity=",".join(f"{p}:{100 * p}" for p in range(1, 9)))
+    problem = planner.problem(memory, now, planned, PlanState())
+    assert problem is not None and problem.capacity[6] == pytest.approx(600 * (1 - 1.28 * 0.1))
+
+
+@pytest.mark.parametrize("value", ["1:x", "0:100", "2:-5", "abc", "1:inf", "3"])
+def test_a_malformed_planned_capacity_is_refused(value: str) -> None:
+    from pydantic import ValidationError
+
+    from contracts.jobs import JobConfig
+
+    with pytest.raises(ValidationError, match="planned capacity"):
+        JobConfig(planned_capacity=value)

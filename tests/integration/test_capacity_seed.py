@@ -1,0 +1,62 @@
+"""`autoscaler capacity plan --job` seeds a registered job's knowledge (a real Redis) with the planned
+capacity, `autoscaler capacity show` compares it with what the planner measured, and an unknown job
+is refused before any testbed time is spent."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from contracts.jobs import parse_planned_capacity
+from contracts.settings import Settings, settings_env
+from knowledge import RedisKnowledge
+
+pytestmark = pytest.mark.integration
+
+
+def autoscaler(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True, text=True,
+                          env=settings_env(settings) | {"PATH": "", "COLUMNS": "200"}, timeout=120)
+
+
+def test_a_plan_seeds_the_jobs_knowledge_and_show_compares_it(settings: Settings, tmp_path: Path) -> None:
+    job = f"planned-{uuid.uuid4().hex[:6]}"
+
+    async def register() -> None:
+        knowledge = RedisKnowledge(settings)
+        await knowledge.register_job(job, {"max_parallelism": "12"})
+        await knowledge.close()
+
+    async def config() -> tuple[str, float]:
+        knowledge = RedisKnowledge(settings)
+        try:
+            stored = await knowledge.job_config(job)
+        finally:
+            await knowledge.close()
+        return stored.planned_capacity, stored.planned_capacity_error
+
+    asyncio.run(register())
+    out = tmp_path / "plan.json"
+    planned = autoscaler(settings, "capacity", "plan", "--truth", "linear", "--rate", "1000", "--job", job,
+                         "--out", str(out))
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    curve, error = asyncio.run(config())
+    capacity = parse_planned_capacity(curve)
+    assert sorted(capacity) == list(range(1, 13))  # up to the job's max_parallelism
+    assert capacity[12] == pytest.approx(1200, rel=0.1) and 0.05 <= error < 1  # 100 rec/s per slot, linear
+    shown = autoscaler(settings, "capacity", "show", job)
+    assert shown.returncode == 0, shown.stderr
+    assert "planned against observed" in shown.stdout
+    rows = {line.split()[1]: line.split()[3] for line in shown.stdout.splitlines()
+            if line.startswith("│") and line.split()[1].isdigit()}
+    assert rows["1"] == f"{capacity[1]:,.0f}" and rows["8"] == f"{capacity[8]:,.0f}"  # nothing measured yet
+
+    unknown = autoscaler(settings, "capacity", "plan", "--truth", "linear", "--rate", "1000", "--job",
+                         f"nobody-{uuid.uuid4().hex[:6]}", "--out", str(tmp_path / "x.json"))
+    assert unknown.returncode == 2 and "not registered" in unknown.stdout + unknown.stderr
+    assert not (tmp_path / "x.json").exists()  # refused before the testbed ran
