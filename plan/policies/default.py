@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from functools import lru_cache
 from typing import Any, ClassVar
 
 import numpy as np
@@ -184,6 +185,13 @@ def capacities(known: dict[str, Measured], max_parallelism: int, noise_cv: float
     return np.maximum.accumulate(out)
 
 
+@lru_cache(maxsize=1024)
+def planned_capacity(value: str) -> tuple[tuple[int, float], ...]:
+    """A job's planned capacity, parsed once per distinct setting (a plan holds up to 4,096 pairs and
+    every window of the job would parse it again)."""
+    return tuple(parse_planned_capacity(value).items())
+
+
 def planned_rates(level: float, forecast: ForecastView | None, now: float, steps: int, step_s: float,
                   trusted: bool = True, band: float = math.inf, floor: bool = True) -> np.ndarray:
     """The arrival rate to plan each step with: the level's upper quantile, raised where a trusted forecast
@@ -297,7 +305,7 @@ class CostPlanner:
         """The planning problem this window poses; None while the arrival level or capacity is unknown.
         Without `quantiles`, with the point estimates (the mean level and capacities)."""
         level = memory.level.upper_level(self.rate_z if quantiles else 0.0)
-        planned = parse_planned_capacity(config.planned_capacity)
+        planned = dict(planned_capacity(config.planned_capacity))
         if level is None or not (memory.known or planned):
             return None
         steps = max(1, math.ceil(self.horizon_s / self.step_s))
