@@ -120,10 +120,11 @@ class Timeline:
 
     def backlog_measures(self, counted: np.ndarray, backlog_target_s: float) -> tuple[np.ndarray, float]:
         """Over the windows `counted` (a mask): each one's lag (its backlog over its arrival rate, 0 without
-        arrivals) and the seconds the backlog was beyond its target (`backlog_target_s` of arrivals)."""
+        arrivals: below EPSILON records/s, where the quotient would overflow) and the seconds the backlog
+        was beyond its target (`backlog_target_s` of arrivals)."""
         arrival = np.asarray(self.arrival, dtype=float)[counted]
         backlog = np.asarray(self.backlog, dtype=float)[counted]
-        lags = np.divide(backlog, arrival, out=np.zeros_like(backlog), where=arrival > 0)
+        lags = np.divide(backlog, arrival, out=np.zeros_like(backlog), where=arrival > EPSILON)
         return lags, self.window_s * int(np.count_nonzero(backlog > backlog_target_s * arrival + EPSILON))
 
 
