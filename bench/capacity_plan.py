@@ -23,7 +23,6 @@ from __future__ import annotations
 import itertools
 import json
 import time
-import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -37,10 +36,10 @@ from contracts.jobs import JobConfig
 from evaluation.capacity_cli import planned_curve
 from evaluation.job_models import demo_job_model
 from evaluation.jobmodel import JobModel
-from evaluation.simulator import PolicyRunner, simulate
+from evaluation.simulator import PolicyRunner, simulate, static_parallelism
 from evaluation.testbed import WINDOW_S, ModelTestbed, scaling_truths
 from evaluation.traces import load_trace
-from plan.capacity.explore import explore, recommend
+from plan.capacity.explore import LARGEST_ANSWER, explore, recommend
 from plan.capacity.mst import SENSIBILITY
 from plan.registry import make_policy
 
@@ -51,18 +50,12 @@ FAR = (32, 64)
 app = typer.Typer(add_completion=False, help=__doc__)
 
 
-def fewest_slots(model: JobModel, rate: float, largest: int = 4096) -> int:
-    return next((n for n in range(1, largest + 1) if model.capacity(n) >= rate), largest)
-
-
 def one_plan(name: str, model: JobModel, seed: int, max_slots: int, measure_s: float,
              sensibility: float = SENSIBILITY) -> dict[str, Any]:
     started = time.perf_counter()
     testbed = ModelTestbed(model, rate_noise=NOISE, seed=seed, measure_s=measure_s)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # scipy's covariance warnings on exact fits
-        exploration = explore(testbed, list(range(1, max_slots + 1)), first_guess=START_RATE, seed=seed,
-                              sensibility=sensibility)
+    exploration = explore(testbed, list(range(1, max_slots + 1)), first_guess=START_RATE, seed=seed,
+                          sensibility=sensibility)
     fit = exploration.model
     rate = model.capacity(32)
     answer = recommend(exploration.fits, rate)
@@ -71,7 +64,7 @@ def one_plan(name: str, model: JobModel, seed: int, max_slots: int, measure_s: f
         "measured": len(exploration.measurements), "stopped": exploration.stopped,
         "testbed_slot_hours": exploration.slot_seconds / 3600,
         **{f"error_at_{n}": fit.at(n) / model.capacity(n) - 1 for n in FAR},
-        "rate": rate, "answer_slots": answer.slots, "fewest_slots": fewest_slots(model, rate),
+        "rate": rate, "answer_slots": answer.slots, "fewest_slots": static_parallelism(model, rate, LARGEST_ANSWER),
         "wall_s": time.perf_counter() - started,
     }
     curve, error = planned_curve(exploration, STEP_MAX_PARALLELISM)
@@ -106,7 +99,7 @@ def first_decisions(model: JobModel, seed: int, planned: str, error: float, slot
     backlog = np.asarray(run.timeline.backlog)[after]
     return {"scale_ups_after_step": len(ups), "first_target": ups[0] if ups else None,
             "held": int(p[-1]), "peak_backlog": float(backlog.max()),
-            "fewest_slots": fewest_slots(model, peak),
+            "fewest_slots": static_parallelism(model, peak, STEP_MAX_PARALLELISM),
             "seconds_beyond_target": float(WINDOW_S * np.sum(backlog > config.backlog_target_s * peak))}
 
 

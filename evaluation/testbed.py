@@ -13,8 +13,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from evaluation.jobmodel import EPOCH, JobModel, JobState, Operator, advance
 from evaluation.simulator import rate_factors
 from plan.capacity.mst import Step
@@ -65,7 +63,3 @@ def scaling_truths(slot_rate: float = 100.0) -> dict[str, JobModel]:
         "usl": job(Operator("usl", slot_rate, contention=0.02, coherency=0.00005)),
         "knee": job(Operator("knee", slot_rate, knee=5, efficiency_beyond_knee=0.6)),
     }
-
-
-def mst_curve(model: JobModel, slots: list[int]) -> np.ndarray:
-    return np.array([model.capacity(n) for n in slots])

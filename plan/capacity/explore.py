@@ -152,8 +152,6 @@ def explore(testbed: Testbed, candidates: list[int], first_guess: float, budget_
             result.stopped = "the models' error rose by more than 10 %"
             break
         measure(_next_candidate(costs, remaining, rng))
-    if not result.stopped:
-        result.stopped = "done"
     return result
 
 

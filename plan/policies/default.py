@@ -157,10 +157,8 @@ def capacities(known: dict[str, Measured], max_parallelism: int, noise_cv: float
     points = sorted((int(p), m) for p, m in known.items() if m.capacity > 0)
     planned = {p: c for p, c in (planned or {}).items() if 1 <= p <= max_parallelism and c > 0}
     out = np.zeros(max_parallelism + 1)
-    if not points:
-        for p, c in planned.items():
-            out[p] = c * max(0.5, 1 - z * planned_error)
-        return np.maximum.accumulate(out)
+    if not points and not planned:
+        return out
     settled = [(p, m) for p, m in points if m.n >= FIT_MIN_WINDOWS]
     if len(settled) >= 2:
         x = np.log([p for p, _ in settled])
@@ -178,6 +176,8 @@ def capacities(known: dict[str, Measured], max_parallelism: int, noise_cv: float
         if p in planned:
             estimates = np.append(estimates, planned[p])
             variances = np.append(variances, planned_error**2)
+        if not estimates.size:
+            continue  # nothing measured and nothing planned at p
         weights = 1 / np.maximum(variances, 1e-12)
         estimate = float((weights * estimates).sum() / weights.sum())
         relative = math.sqrt(1 / weights.sum())
