@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import code_version, machine_info
-from contracts.jobs import JobConfig
+from contracts.jobs import JobConfig, format_planned_capacity
 from evaluation.capacity_cli import planned_curve
 from evaluation.job_models import demo_job_model
 from evaluation.jobmodel import JobModel
@@ -68,7 +68,7 @@ def one_plan(name: str, model: JobModel, seed: int, max_slots: int, measure_s: f
         "wall_s": time.perf_counter() - started,
     }
     curve, error = planned_curve(exploration, STEP_MAX_PARALLELISM)
-    row["planned_curve"] = ",".join(f"{p}:{c:g}" for p, c in curve.items())
+    row["planned_curve"] = format_planned_capacity(curve)
     row["planned_error"] = error
     if answer.slots is not None:
         check = ModelTestbed(model, rate_noise=NOISE, seed=10_000 + seed, measure_s=600.0)

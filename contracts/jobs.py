@@ -173,6 +173,11 @@ def parse_planned_capacity(value: str) -> dict[int, float]:
     return planned
 
 
+def format_planned_capacity(planned: dict[int, float]) -> str:
+    """{1: 215.0, 2: 430.0} -> `1:215,2:430`, what `parse_planned_capacity` reads back."""
+    return ",".join(f"{p}:{capacity:g}" for p, capacity in sorted(planned.items()))
+
+
 def parse_assignments(assignments: list[str]) -> dict[str, str]:
     """`key=value` pairs from the command line, checked against JobConfig's fields."""
     parsed: dict[str, str] = {}

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from contracts.jobs import format_planned_capacity
 from evaluation.job_models import JobModelError, load_job_model
 from evaluation.testbed import ModelTestbed, scaling_truths
 from plan.capacity.explore import Answer, Exploration, explore, plausible, recommend
@@ -124,7 +125,7 @@ def plan_command(
         from knowledge import with_knowledge
 
         if not with_knowledge(get_settings(), lambda k: k.job_exists(job)):
-            raise typer.BadParameter(f"{job} is not registered (autoscaler jobs register {job})", param_hint="--job")
+            raise typer.BadParameter(not_registered(job), param_hint="--job")
     testbed = ModelTestbed(model, rate_noise=noise, seed=seed, measure_s=measure_s)
     budget = math.inf if budget_core_hours is None else budget_core_hours * 3600
     started = time.perf_counter()
@@ -151,6 +152,10 @@ def plan_command(
         raise typer.Exit(2)
 
 
+def not_registered(job: str) -> str:
+    return f"{job} is not registered (autoscaler jobs register {job})"
+
+
 def planned_curve(exploration: Exploration, slots: int) -> tuple[dict[int, float], float]:
     """The capacity to seed a job with at 1..slots, and its relative error: the chosen model's curve,
     or, where plausible models part, the most pessimistic of them at each p; the error is their
@@ -169,19 +174,17 @@ def seed_job(job: str, exploration: Exploration) -> dict[str, Any]:
     from knowledge import RedisKnowledge, with_knowledge
 
     async def store(knowledge: RedisKnowledge) -> dict[str, Any]:
-        if not await knowledge.job_exists(job):
-            raise KeyError(job)
         config = await knowledge.job_config(job)
         curve, error = planned_curve(exploration, min(config.max_parallelism, MAX_PLANNED_SLOTS))
-        await knowledge.set_config(job, {"planned_capacity": ",".join(f"{p}:{c:g}" for p, c in curve.items()),
+        # set_config refuses a job that is not registered (KeyError).
+        await knowledge.set_config(job, {"planned_capacity": format_planned_capacity(curve),
                                          "planned_capacity_error": f"{error:.3f}"})
         return {"slots": max(curve), "error": error}
 
     try:
         return with_knowledge(get_settings(), store)
     except KeyError:
-        raise typer.BadParameter(f"{job} is not registered (autoscaler jobs register {job})",
-                                 param_hint="--job") from None
+        raise typer.BadParameter(not_registered(job), param_hint="--job") from None
 
 
 @capacity_app.command("show")
@@ -203,7 +206,7 @@ def show_command(job: Annotated[str, typer.Argument(help="A registered job.")]) 
     try:
         planned, policy_state = with_knowledge(get_settings(), read)
     except KeyError:
-        console.print(f"[red]{job} is not registered (autoscaler jobs register {job})[/red]")
+        console.print(f"[red]{not_registered(job)}[/red]")
         raise typer.Exit(2) from None
     memory = PlannerMemory.model_validate(policy_state) if "known" in policy_state else PlannerMemory()
     # What the planner measured is the rate of full micro-batches; it plans with the batch efficiency's

@@ -206,3 +206,12 @@ def test_a_malformed_planned_capacity_is_refused(value: str) -> None:
 
     with pytest.raises(ValidationError, match="planned capacity"):
         JobConfig(planned_capacity=value)
+
+
+@given(st.dictionaries(st.integers(1, 4096), st.floats(1e-3, 1e9, allow_nan=False, allow_infinity=False), max_size=50))
+def test_a_planned_capacity_reads_back_as_it_was_written(planned: dict[int, float]) -> None:
+    from contracts.jobs import format_planned_capacity, parse_planned_capacity
+
+    read = parse_planned_capacity(format_planned_capacity(planned))
+    assert read.keys() == planned.keys()
+    assert all(math.isclose(read[p], c, rel_tol=1e-5) for p, c in planned.items())  # `:g` keeps 6 digits
