@@ -29,7 +29,7 @@ from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
 
 from plan.capacity.mst import SENSIBILITY, Dichotomy, Step
-from plan.capacity.scaling import Fit, fit_all
+from plan.capacity.scaling import BY_NAME, Fit, fit_all, fit_curve
 
 HEADROOM = 1.10  # StreamBed's over-provisioning: plan for 110 % of the requested rate
 MIN_AFTER_CORNERS = 3
@@ -77,11 +77,13 @@ class Exploration:
         return sum(m.slot_seconds for m in self.measurements)
 
 
-def measure_mst(testbed: Testbed, slots: int, start: float, sensibility: float = SENSIBILITY) -> Measurement:
-    """One configuration's MST by dichotomy; repeated once if nothing was sustained."""
+def measure_mst(testbed: Testbed, slots: int, start: float, sensibility: float = SENSIBILITY,
+                growth: float = 2.0) -> Measurement:
+    """One configuration's MST by dichotomy (`Dichotomy`, its `growth` from `start`); repeated once
+    if nothing was sustained."""
     spent, steps = 0.0, 0
     for _ in range(2):
-        search = Dichotomy(start=start, sensibility=sensibility)
+        search = Dichotomy(start=start, sensibility=sensibility, growth=growth)
         while not search.done:
             step = testbed.run(slots, search.target())
             search.update(step)
@@ -91,6 +93,26 @@ def measure_mst(testbed: Testbed, slots: int, start: float, sensibility: float =
             return Measurement(slots, search.mst, steps, spent)
         start /= 4  # maybe the guess was far too high: try again from lower
     return Measurement(slots, 0.0, steps, spent, stable=False)
+
+
+def from_smallest(measurements: Sequence[Measurement], seen: int = 2) -> list[dict[str, float]]:
+    """What the `seen` smallest stable configurations predict for the other measured ones, against
+    their measured MST: a power law through them (as the live planner extrapolates), pure."""
+    stable = sorted((m for m in measurements if m.stable), key=lambda m: m.slots)
+    learned = [m for m in stable if m.slots in sorted({m.slots for m in stable})[:seen]]
+    beyond = [m for m in stable if m not in learned]
+    if len({m.slots for m in learned}) < seen or not beyond:
+        return []
+    power = BY_NAME["power"]
+    params = fit_curve(power, np.array([m.slots for m in learned], dtype=float), np.array([m.mst for m in learned]))
+    if params is None:
+        return []
+    rows = []
+    for m in beyond:
+        predicted = float(power.curve(np.array([float(m.slots)]), *params)[0])
+        rows.append({"slots": m.slots, "predicted": round(predicted, 1), "measured": round(m.mst, 1),
+                     "error": round(predicted / m.mst - 1, 4)})
+    return rows
 
 
 def _fit(measurements: list[Measurement]) -> list[Fit]:
@@ -109,9 +131,10 @@ def _expected_improvement(gp: GaussianProcessRegressor, x: np.ndarray, best: flo
 
 def explore(testbed: Testbed, candidates: list[int], first_guess: float, budget_slot_s: float = math.inf,
             on_measured: Callable[[Measurement], None] | None = None, seed: int = 0,
-            sensibility: float = SENSIBILITY) -> Exploration:
+            sensibility: float = SENSIBILITY, growth: float = 2.0) -> Exploration:
     """Measure the corners of `candidates` (slot counts), then the candidates Bayesian optimization
-    picks, until a stop rule holds. `first_guess` is where the first dichotomy starts (records/s)."""
+    picks, until a stop rule holds. `first_guess` is where the first dichotomy starts (records/s);
+    later ones start from what was measured, extrapolated; each grows by `growth` (`Dichotomy`)."""
     todo = sorted(set(candidates))
     if not todo or todo[0] < 1:
         raise ValueError("candidates must be slot counts >= 1")
@@ -122,7 +145,7 @@ def explore(testbed: Testbed, candidates: list[int], first_guess: float, budget_
         stable = result.stable
         # Start where a linear extrapolation of what is known puts it: few doubling steps.
         start = first_guess if not stable else max(m.mst / m.slots for m in stable) * slots
-        measurement = measure_mst(testbed, slots, start, sensibility)
+        measurement = measure_mst(testbed, slots, start, sensibility, growth)
         result.measurements.append(measurement)
         result.fits = _fit(result.measurements)
         error = result.fits[0].loo_error if result.fits else math.inf

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from evaluation.jobmodel import JobModel, Operator
 from evaluation.testbed import ModelTestbed, scaling_truths
 from plan.capacity.explore import explore, measure_mst, recommend
-from plan.capacity.mst import SENSIBILITY, SUCCESS_SHARE, Dichotomy, Step
+from plan.capacity.mst import SENSIBILITY, SUCCESS_SHARE, Batch, Dichotomy, Step, step_from_batches
 from plan.capacity.scaling import BY_NAME, Fit, fit_all, select
 
 
@@ -31,16 +31,69 @@ class Threshold:
         return Step(rate, min(rate, self.mst), max(0.0, (rate - self.mst) * 60), 60.0)
 
 
-@given(st.floats(1.0, 1e6), st.floats(0.01, 100.0))
-def test_the_dichotomy_finds_the_mst_within_its_sensibility_from_any_start(mst: float, guess_ratio: float) -> None:
+@given(st.floats(1.0, 1e6), st.floats(0.01, 100.0), st.floats(1.05, 4.0))
+def test_the_dichotomy_finds_the_mst_within_its_sensibility_from_any_start(mst: float, guess_ratio: float,
+                                                                           growth: float) -> None:
     testbed = Threshold(mst)
-    search = Dichotomy(start=mst * guess_ratio)
+    search = Dichotomy(start=mst * guess_ratio, growth=growth)
     while not search.done:
         search.update(testbed.run(1, search.target()))
     # Never a rate beyond what counts as sustained (99 % processed: StreamBed's tolerance).
     assert search.mst <= mst / SUCCESS_SHARE
     if len(search.steps) < search.max_steps:
         assert search.mst >= mst * (1 - 2.5 * SENSIBILITY)
+
+
+def test_what_a_failed_step_processed_bounds_the_search() -> None:
+    class Silent(Threshold):
+        """Says only whether a step was sustained (processed nothing when it was not)."""
+
+        def run(self, slots: int, rate: float) -> Step:
+            step = super().run(slots, rate)
+            return step if step.sustained else Step(rate, 0.0, step.backlog_growth, step.measured_s)
+
+    def steps(testbed: Threshold, growth: float) -> int:
+        search = Dichotomy(start=930.0, growth=growth, sensibility=0.02)
+        while not search.done:
+            search.update(testbed.run(1, search.target()))
+        assert 1000.0 * 0.95 <= search.mst <= 1000.0 / SUCCESS_SHARE
+        return len(search.steps)
+
+    assert steps(Threshold(1000.0), 2.0) < steps(Silent(1000.0), 2.0)  # the overshoot costs no bisections
+    assert steps(Threshold(1000.0), 1.1) <= steps(Silent(1000.0), 1.1)
+
+
+def micro_batches(rate: float, capacity: float, cap_records: int, trigger_s: float, count: int) -> list[Batch]:
+    """A micro-batch source: each batch admits what arrived (at most `cap_records`) when it starts and
+    takes admitted / capacity seconds; the next starts when it is done, at the trigger's earliest."""
+    t, admitted, out = 0.0, 0, []
+    for _ in range(count):
+        log_end = int(rate * t)
+        take = min(log_end - admitted, cap_records)
+        admitted += take
+        out.append(Batch(t, admitted, log_end))
+        t += max(trigger_s, take / capacity)
+    return out
+
+
+@given(st.floats(10.0, 5000.0), st.floats(1.0, 5.0), st.floats(0.5, 2.0))
+def test_a_batch_aligned_step_tells_sustained_from_not_whatever_the_batch_size(
+        capacity: float, batches_per_trigger: float, trigger_s: float) -> None:
+    # A full batch holds at least a trigger interval's work: the cap does not bound the throughput.
+    cap = math.ceil(capacity * trigger_s * batches_per_trigger)
+    for ratio, sustained in ((0.9, True), (1.1, False)):
+        rate = capacity * ratio
+        step = step_from_batches(rate, micro_batches(rate, capacity, cap, trigger_s, 40)[8:])
+        assert step.sustained is sustained
+        # Under the MST it admits what arrives; beyond it, what it can.
+        assert step.processed == pytest.approx(min(rate, capacity), rel=0.05)
+
+
+def test_a_batch_aligned_step_needs_batches_that_start_in_order() -> None:
+    with pytest.raises(ValueError, match="needs 3 batches"):
+        step_from_batches(10.0, [Batch(0.0, 0, 0), Batch(1.0, 10, 10)])
+    with pytest.raises(ValueError, match="increasing"):
+        step_from_batches(10.0, [Batch(1.0, 0, 0), Batch(1.0, 10, 10), Batch(1.0, 20, 20)])
 
 
 def test_a_step_that_falls_behind_or_grows_its_backlog_is_not_sustained() -> None:
