@@ -1,9 +1,11 @@
 """`autoscaler capacity plan`: how many slots a job needs for a rate it has never run (StreamBed).
 
-The testbed is the evaluation's job model (a job-model file, or one of the built-in jobs whose scaling
-is known: linear, usl, knee), so the plan's accuracy can be checked against the truth at scales this
-machine cannot run. The report: the measurements, every fitted scaling model with its leave-one-out
-error, the recommendation with its interval, a JSON file and a PNG of the curve.
+The testbed is the Spark job itself on this machine (`--live`: `evaluation.live_testbed`), or the
+evaluation's job model (a job-model file, or one of the built-in jobs whose scaling is known: linear,
+usl, knee), so the plan's accuracy can be checked against the truth at scales this machine cannot run.
+The report: the measurements, every fitted scaling model with its leave-one-out error, what the two
+smallest configurations predict for the others, the recommendation with its interval, a JSON file and
+a PNG of the curve.
 """
 
 from __future__ import annotations
@@ -22,26 +24,44 @@ from rich.table import Table
 
 from contracts.jobs import format_planned_capacity
 from evaluation.job_models import JobModelError, load_job_model
+from evaluation.live_testbed import LiveTestbed
 from evaluation.testbed import ModelTestbed, scaling_truths
-from plan.capacity.explore import Answer, Exploration, explore, plausible, recommend
+from plan.capacity.explore import (
+    Answer,
+    Exploration,
+    Measurement,
+    Testbed,
+    explore,
+    from_smallest,
+    plausible,
+    recommend,
+)
 
 RESULTS = Path("results")
+# The live search: it starts 5 % under the rate the warm-up's overload admitted at one slot (later
+# configurations: what was measured, extrapolated), grows by 10 % until a step fails and stops within 2 %
+# (a 1 % bracket costs one more step per configuration; the MST repeats within a few % live anyway).
+LIVE_START, LIVE_GROWTH, LIVE_SENSIBILITY = 0.95, 1.10, 0.02
 MAX_PLANNED_SLOTS = 4096  # a job configuration holds the planned capacity up to this many slots
 capacity_app = typer.Typer(help="Capacity planning before deployment (StreamBed).", no_args_is_help=True)
 
 
-def plan_report(testbed: ModelTestbed, exploration: Exploration, answer: Answer, rate: float) -> dict[str, Any]:
-    """Everything the plan found, with the truth beside it (the testbed is a model)."""
+def plan_report(testbed: ModelTestbed | LiveTestbed, exploration: Exploration, answer: Answer, rate: float,
+                seconds: float) -> dict[str, Any]:
+    """Everything the plan found, with the truth beside it where the testbed is a model."""
     model = exploration.model
     checks = sorted({m.slots for m in exploration.measurements} | {16, 32, 64} | ({answer.slots} - {None}))
     return {
         "rate": rate,
+        "testbed": "live" if isinstance(testbed, LiveTestbed) else "model",
+        "seconds": round(seconds, 1),
         "answer": answer.__dict__,
         "true_mst_at_answer": testbed.truth(answer.slots) if answer.slots else None,
         "model": {"name": model.name, "params": model.params, "loo_error": model.loo_error},
         "models": [{"name": f.name, "params": f.params, "loo_error": f.loo_error, "loo_se": f.loo_se}
                    for f in exploration.fits],
         "measurements": [m.__dict__ for m in exploration.measurements],
+        "from_smallest": from_smallest(exploration.measurements),
         "stopped": exploration.stopped,
         "testbed_slot_hours": exploration.slot_seconds / 3600,
         "predicted_vs_true": [{"slots": n, "predicted": model.at(n), "true": testbed.truth(n)} for n in checks],
@@ -64,7 +84,9 @@ def plot_plan(report: dict[str, Any], path: Path) -> Path:
         fit = Fit(fitted["name"], tuple(fitted["params"]), fitted["loo_error"])
         ax.plot(n, fit.predict(n), lw=2.0 if i == 0 else 0.8, alpha=1.0 if i == 0 else 0.5,
                 label=f"{fit.name} (LOO {100 * fit.loo_error:.1f} %)" + (", chosen" if i == 0 else ""))
-    ax.plot([r["slots"] for r in rows], [r["true"] for r in rows], "k+", label="true MST (the model's)")
+    known = [r for r in rows if r["true"] is not None]
+    if known:
+        ax.plot([r["slots"] for r in known], [r["true"] for r in known], "k+", label="true MST (the model's)")
     stable = [m for m in report["measurements"] if m["stable"]]
     ax.plot([m["slots"] for m in stable], [m["mst"] for m in stable], "o", color="tab:red", label="measured MST")
     answer = report["answer"]
@@ -84,6 +106,11 @@ def plot_plan(report: dict[str, Any], path: Path) -> Path:
 @capacity_app.command("plan")
 def plan_command(
     rate: Annotated[float, typer.Option(help="The rate (rec/s) to plan for.")],
+    live: Annotated[bool, typer.Option(help="Measure the demo Spark job on this machine (its own broker, the "
+                                            "load generator) instead of a job model.")] = False,
+    cost_ms: Annotated[float, typer.Option(help="With --live: the demo job's per-record cost.")] = 4.0,
+    warm_up_s: Annotated[float, typer.Option(help="With --live: seconds at one slot and --start-rate before the "
+                                                  "overload that starts the first search.")] = 60.0,
     job_model: Annotated[Path | None, typer.Option(help="A job-model file as the testbed (default: the demo job's).")]
     = None,
     truth: Annotated[str | None, typer.Option(help="Instead of a file, a built-in job with known scaling: "
@@ -91,10 +118,12 @@ def plan_command(
     max_slots: Annotated[int, typer.Option(help="The testbed's largest configuration (slots).")] = 8,
     budget_core_hours: Annotated[float | None, typer.Option(help="Testbed time to spend at most (slot-hours).")]
     = None,
-    measure_s: Annotated[float, typer.Option(help="Seconds measured at each injected rate, after 60 s settling.")]
-    = 300.0,
+    measure_s: Annotated[float | None, typer.Option(
+        help="Seconds measured at each injected rate: default 300 after 60 s settling on a job model; live, 15, "
+             "between micro-batch starts.")] = None,
     start_rate: Annotated[float, typer.Option(help="Where the first MST search starts (rec/s); it doubles from "
-                                                   "there until the job falls behind.")] = 100.0,
+                                                   "there until the job falls behind. Live: the warm-up's rate, "
+                                                   "its overload 4 times it.")] = 100.0,
     seed: Annotated[int, typer.Option(help="Seed of the testbed's rate noise.")] = 0,
     job: Annotated[str | None, typer.Option(help="A registered job whose knowledge starts from this plan: its "
                                                  "planner pools the planned capacity with what it measures.")] = None,
@@ -109,36 +138,49 @@ def plan_command(
         raise typer.BadParameter("the start rate must be a positive number", param_hint="--start-rate")
     if max_slots < 3:
         raise typer.BadParameter("the testbed needs at least 3 configurations to fit a model", param_hint="--max-slots")
-    if truth is not None:
-        truths = scaling_truths()
-        if truth not in truths or job_model is not None:
-            raise typer.BadParameter(f"choose one of {', '.join(truths)}, without --job-model", param_hint="--truth")
-        model, noise = truths[truth], 0.043
-    else:
-        try:
-            loaded = load_job_model(job_model)
-        except JobModelError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--job-model") from None
-        model, noise = loaded.model(), loaded.rate_noise
+    if measure_s is not None and not (measure_s > 0 and math.isfinite(measure_s)):
+        raise typer.BadParameter("the measurement must last a positive number of seconds", param_hint="--measure-s")
+    if live and (truth is not None or job_model is not None):
+        raise typer.BadParameter("--live measures the Spark job: no --truth or --job-model", param_hint="--live")
+    if live and not (cost_ms > 0 and warm_up_s >= 0):
+        raise typer.BadParameter("--cost-ms must be > 0 and --warm-up-s >= 0", param_hint="--cost-ms")
     if job is not None:
         from contracts.settings import get_settings
         from knowledge import with_knowledge
 
         if not with_knowledge(get_settings(), lambda k: k.job_exists(job)):
             raise typer.BadParameter(not_registered(job), param_hint="--job")
-    testbed = ModelTestbed(model, rate_noise=noise, seed=seed, measure_s=measure_s)
     budget = math.inf if budget_core_hours is None else budget_core_hours * 3600
     started = time.perf_counter()
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("measuring MST per configuration", total=max_slots)
-        exploration = explore(testbed, list(range(1, max_slots + 1)), first_guess=start_rate,
-                              budget_slot_s=budget, on_measured=lambda _: progress.advance(task), seed=seed)
+
+        def measured(m: Measurement) -> None:
+            progress.advance(task)
+            progress.console.print(f"{m.slots} slots: MST {m.mst:,.0f} rec/s after {m.steps} steps"
+                                   + ("" if m.stable else " (unstable: nothing sustained, twice)")
+                                   + f" [{time.perf_counter() - started:.0f} s]")
+
+        def search(testbed: Testbed, first_guess: float, **how: float) -> Exploration:
+            return explore(testbed, list(range(1, max_slots + 1)), first_guess=first_guess, budget_slot_s=budget,
+                           on_measured=measured, seed=seed, **how)
+
+        testbed: ModelTestbed | LiveTestbed
+        if live:
+            with LiveTestbed({"cost_ms": str(cost_ms)}, measure_s=measure_s or 15.0) as testbed:
+                progress.update(task, description=f"warm-up: {warm_up_s:g} s at {start_rate:g} rec/s, then overload")
+                ceiling = testbed.warm_up(start_rate, warm_up_s)
+                progress.update(task, description="measuring MST per configuration")
+                exploration = search(testbed, LIVE_START * ceiling, growth=LIVE_GROWTH, sensibility=LIVE_SENSIBILITY)
+        else:
+            testbed = model_testbed(truth, job_model, seed, measure_s or 300.0)
+            exploration = search(testbed, start_rate)
     if not exploration.fits:
         console.print(f"[red]no scaling model could be fitted: {len(exploration.stable)} stable measurements "
                       f"({exploration.stopped})[/red]")
         raise typer.Exit(1)
     answer = recommend(exploration.fits, rate)
-    report = plan_report(testbed, exploration, answer, rate)
+    report = plan_report(testbed, exploration, answer, rate, time.perf_counter() - started)
     print_plan(console, report)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
@@ -150,6 +192,22 @@ def plan_command(
                       "stored in its configuration; `autoscaler capacity show` compares it with what it measures")
     if not answer.reachable:
         raise typer.Exit(2)
+
+
+def model_testbed(truth: str | None, job_model: Path | None, seed: int, measure_s: float) -> ModelTestbed:
+    """The evaluation's job model as the testbed: a built-in truth or a job-model file."""
+    if truth is not None:
+        truths = scaling_truths()
+        if truth not in truths or job_model is not None:
+            raise typer.BadParameter(f"choose one of {', '.join(truths)}, without --job-model", param_hint="--truth")
+        model, noise = truths[truth], 0.043
+    else:
+        try:
+            loaded = load_job_model(job_model)
+        except JobModelError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--job-model") from None
+        model, noise = loaded.model(), loaded.rate_noise
+    return ModelTestbed(model, rate_noise=noise, seed=seed, measure_s=measure_s)
 
 
 def not_registered(job: str) -> str:
@@ -245,10 +303,21 @@ def print_plan(console: Console, report: dict[str, Any]) -> None:
         fit = Fit(fitted["name"], tuple(fitted["params"]), fitted["loo_error"])
         models.add_row(fit.name, f"{100 * fit.loo_error:.1f} %", *(f"{fit.at(n):,.0f}" for n in (16, 32, 64)))
     console.print(models)
-    truth = Table(title="predicted against the testbed's truth", title_justify="left")
-    for column in ("slots", "predicted MST", "true MST", "error"):
-        truth.add_column(column, justify="right")
-    for row in report["predicted_vs_true"]:
-        truth.add_row(str(row["slots"]), f"{row['predicted']:,.0f}", f"{row['true']:,.0f}",
-                      f"{100 * (row['predicted'] / row['true'] - 1):+.1f} %")
-    console.print(truth)
+    if report["from_smallest"]:
+        held = Table(title="what the two smallest configurations predict (power law), against what was measured",
+                     title_justify="left")
+        for column in ("slots", "predicted MST", "measured MST", "error"):
+            held.add_column(column, justify="right")
+        for row in report["from_smallest"]:
+            held.add_row(str(row["slots"]), f"{row['predicted']:,.0f}", f"{row['measured']:,.0f}",
+                         f"{100 * row['error']:+.1f} %")
+        console.print(held)
+    rows = [row for row in report["predicted_vs_true"] if row["true"] is not None]
+    if rows:
+        truth = Table(title="predicted against the testbed's truth", title_justify="left")
+        for column in ("slots", "predicted MST", "true MST", "error"):
+            truth.add_column(column, justify="right")
+        for row in rows:
+            truth.add_row(str(row["slots"]), f"{row['predicted']:,.0f}", f"{row['true']:,.0f}",
+                          f"{100 * (row['predicted'] / row['true'] - 1):+.1f} %")
+        console.print(truth)

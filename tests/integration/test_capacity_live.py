@@ -1,0 +1,31 @@
+"""The live capacity testbed: the demo Spark job on its own broker, steps measured between micro-batch
+starts, told sustained from not (StreamBed's MST step, live)."""
+
+from __future__ import annotations
+
+import pytest
+
+from evaluation.live_testbed import OVERLOAD, LiveTestbed
+
+pytestmark = [pytest.mark.spark, pytest.mark.integration]
+
+COST_MS = 4.0  # 250 records per busy second per slot at most: the overload (400 rec/s) is beyond one slot
+
+
+def test_the_live_testbed_measures_one_slots_ceiling_and_tells_sustained_from_not() -> None:
+    warm_rate = 100.0
+    with LiveTestbed({"cost_ms": str(COST_MS)}, measure_s=10.0) as testbed:
+        ceiling = testbed.warm_up(warm_rate, 15.0)
+        # One slot cannot take the overload (1000 / COST_MS at most, less its costs per batch), and
+        # took the warm-up's rate.
+        assert warm_rate < ceiling < min(OVERLOAD * warm_rate, 1000.0 / COST_MS)
+        under = testbed.run(1, 0.7 * ceiling)
+        # It drains what the overload left, admitting more than is injected.
+        assert under.sustained and under.processed >= 0.99 * under.injected and under.backlog_growth <= 0
+        over = testbed.run(1, 1.3 * ceiling)
+        assert not over.sustained and over.backlog_growth > 0
+        # Saturated, it admits what it can: the overload's rate again, within the run-to-run spread.
+        assert over.processed == pytest.approx(ceiling, rel=0.1)
+        two = testbed.run(2, 1.3 * ceiling)  # restarted from its checkpoint at two slots
+        assert two.sustained, two
+        assert len(testbed.restarts) == 1 and testbed.runs == 4
