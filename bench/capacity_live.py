@@ -46,6 +46,8 @@ def one_run(rate: float, max_slots: int, cost_ms: float, directory: Path) -> dic
             "mst": {str(m["slots"]): m["mst"] for m in report["measurements"] if m["stable"]},
             "steps": {str(m["slots"]): m["steps"] for m in report["measurements"]},
             "unstable": [m["slots"] for m in report["measurements"] if not m["stable"]],
+            "trace": {str(m["slots"]): [[round(t["injected"], 1), round(t["processed"], 1), t["backlog_growth"],
+                                         t["sustained"]] for t in m["trace"]] for m in report["measurements"]},
             "from_smallest": report["from_smallest"]}
 
 

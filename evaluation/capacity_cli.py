@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -60,7 +61,8 @@ def plan_report(testbed: ModelTestbed | LiveTestbed, exploration: Exploration, a
         "model": {"name": model.name, "params": model.params, "loo_error": model.loo_error},
         "models": [{"name": f.name, "params": f.params, "loo_error": f.loo_error, "loo_se": f.loo_se}
                    for f in exploration.fits],
-        "measurements": [m.__dict__ for m in exploration.measurements],
+        "measurements": [{**asdict(m), "trace": [{**asdict(step), "sustained": step.sustained} for step in m.trace]}
+                         for m in exploration.measurements],
         "from_smallest": from_smallest(exploration.measurements),
         "stopped": exploration.stopped,
         "testbed_slot_hours": exploration.slot_seconds / 3600,

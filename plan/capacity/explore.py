@@ -51,6 +51,7 @@ class Measurement:
     steps: int
     slot_seconds: float
     stable: bool = True
+    trace: tuple[Step, ...] = ()  # every step of the search(es), in order
 
 
 @dataclass
@@ -81,18 +82,18 @@ def measure_mst(testbed: Testbed, slots: int, start: float, sensibility: float =
                 growth: float = 2.0) -> Measurement:
     """One configuration's MST by dichotomy (`Dichotomy`, its `growth` from `start`); repeated once
     if nothing was sustained."""
-    spent, steps = 0.0, 0
+    spent, trace = 0.0, []
     for _ in range(2):
         search = Dichotomy(start=start, sensibility=sensibility, growth=growth)
         while not search.done:
             step = testbed.run(slots, search.target())
             search.update(step)
             spent += slots * step.measured_s
-        steps += len(search.steps)
+        trace += search.steps
         if search.mst > 0:
-            return Measurement(slots, search.mst, steps, spent)
+            return Measurement(slots, search.mst, len(trace), spent, trace=tuple(trace))
         start /= 4  # maybe the guess was far too high: try again from lower
-    return Measurement(slots, 0.0, steps, spent, stable=False)
+    return Measurement(slots, 0.0, len(trace), spent, stable=False, trace=tuple(trace))
 
 
 def from_smallest(measurements: Sequence[Measurement], seen: int = 2) -> list[dict[str, float]]:

@@ -115,6 +115,7 @@ def test_a_configuration_that_never_sustains_anything_is_reported_unstable_after
     measured = measure_mst(testbed, 2, 100.0)
     assert not measured.stable and measured.mst == 0
     assert measured.steps == testbed.runs and testbed.runs > 2  # two searches, none averaged in
+    assert len(measured.trace) == testbed.runs and not any(step.sustained for step in measured.trace)
 
 
 @pytest.mark.parametrize(("truth", "name", "params"), [
@@ -205,6 +206,14 @@ def test_the_command_writes_a_report_and_a_plot_and_refuses_what_it_cannot_answe
     assert report["true_mst_at_answer"] >= 3000
     assert out.with_suffix(".png").stat().st_size > 10_000
     assert {m["slots"] for m in report["measurements"]} >= {1, 8}
+    # Every step the searches made, and what the two smallest configurations predict for the others.
+    assert all(len(m["trace"]) == m["steps"] and any(t["sustained"] for t in m["trace"])
+               for m in report["measurements"])
+    measured = sorted({m["slots"] for m in report["measurements"]})
+    assert {row["slots"] for row in report["from_smallest"]} == set(measured[2:])
+    assert report["testbed"] == "model"
+    live_with_truth = CliRunner().invoke(cli, ["capacity", "plan", "--live", "--truth", "knee", "--rate", "10"])
+    assert live_with_truth.exit_code != 0 and "no --truth" in live_with_truth.output
     # A rate beyond the model's reach: the best reachable rate and exit status 2, never a configuration.
     far = CliRunner().invoke(cli, ["capacity", "plan", "--truth", "usl", "--rate", "1e9", "--out", str(out)])
     assert far.exit_code == 2 and "out of reach" in far.output
