@@ -41,8 +41,8 @@ from plan.capacity.mst import MIN_BATCHES, Batch, Step, step_from_batches
 log = logging.getLogger(__name__)
 OVERLOAD = 4.0  # the warm-up's overload, times its low rate
 OVERLOAD_S = 30.0
-# After a restart (a new slot count) the first micro-batches of the new query run slower than the
-# following ones; measured from the first, a step failed and pulled the MST down 8 % in 2 of 4 runs.
+# A restart (a new slot count) leaves a backlog and a new query whose first micro-batches can run
+# slower than the following ones: the first step waits this much more.
 RESTART_SETTLE_S = 15.0
 
 
@@ -112,13 +112,13 @@ class LiveTestbed:
             return True
         return False
 
-    def warm_up(self, rate: float, seconds: float) -> float:
-        """Run one slot at `rate` for `seconds`, then at OVERLOAD times it: the rate the job admitted
-        under overload (or the overload itself, if it kept up), where the first search starts."""
+    def warm_up(self, rate: float, seconds: float, overload_s: float = OVERLOAD_S) -> float:
+        """Run one slot at `rate` for `seconds`, then at OVERLOAD times it for `overload_s`: the rate the
+        job admitted under overload (or the overload itself, if it kept up), where the first search starts."""
         self._at(1)
         self._load.rate_per_s = rate
         time.sleep(seconds)
-        step = self.run(1, OVERLOAD * rate, settle_s=5.0, measure_s=OVERLOAD_S)
+        step = self.run(1, OVERLOAD * rate, settle_s=5.0, measure_s=overload_s)
         return step.injected if step.sustained else step.processed
 
     def run(self, slots: int, rate: float, settle_s: float | None = None, measure_s: float | None = None) -> Step:

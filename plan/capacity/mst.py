@@ -107,15 +107,11 @@ class Dichotomy:
         return (self.low + self.high) / 2
 
     def update(self, step: Step) -> None:
-        """A sustained step raises the lower bound. A failed one lowers the upper bound to its rate,
-        or to what the job processed in it (over 99 %: the share a sustained step needs), as
-        saturated it processed what it can."""
         self.steps.append(step)
         if step.sustained:
             self.low = max(self.low, step.injected)
         else:
-            ceiling = step.processed / SUCCESS_SHARE if step.processed > self.low else step.injected
-            self.high = min(self.high, step.injected, ceiling)  # each above `low`: the bracket stays open
+            self.high = min(self.high, step.injected)
 
     @property
     def done(self) -> bool:

@@ -15,7 +15,7 @@ COST_MS = 4.0  # 250 records per busy second per slot at most: the overload (400
 def test_the_live_testbed_measures_one_slots_ceiling_and_tells_sustained_from_not() -> None:
     warm_rate = 100.0
     with LiveTestbed({"cost_ms": str(COST_MS)}, measure_s=10.0) as testbed:
-        ceiling = testbed.warm_up(warm_rate, 15.0)
+        ceiling = testbed.warm_up(warm_rate, 15.0, overload_s=12.0)
         # One slot cannot take the overload (1000 / COST_MS at most, less its costs per batch), and
         # took the warm-up's rate.
         assert warm_rate < ceiling < min(OVERLOAD * warm_rate, 1000.0 / COST_MS)
