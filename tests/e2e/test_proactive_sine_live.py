@@ -13,9 +13,9 @@ from evaluation.traces import TRACE_FILES, TRACES
 from stack.live import WARM_UP_FIRST_ID, run_live
 
 TRACE = TRACES / TRACE_FILES["sine"]
-# One sine period is 10,800 rows (3 h at 1 s). From the trough (row 8,100) over the peak (13,500) to
-# part of the fall: 7,200 rows at 0.045 s each, 324 s of load; the 3 h rise takes 243 s.
-START_ROW, ROWS, SECONDS_PER_ROW = 8_100, 7_200, 0.045
+# One sine period is 10,800 rows (3 h at 1 s). From the trough (row 8,100) to just past the peak
+# (13,500): 5,700 rows at 0.045 s each, 256 s of load; the 3 h rise takes 243 s.
+START_ROW, ROWS, SECONDS_PER_ROW = 8_100, 5_700, 0.045
 LOW, HIGH = 100.0, 700.0  # rec/s; the demo job carries about 200 per slot
 # Beyond what arrives while the job restarts, at most this many seconds of arrivals may wait.
 BACKLOG_BOUND_S = 15.0
