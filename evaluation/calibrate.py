@@ -39,7 +39,7 @@ from contracts.messages import MetricReport
 from contracts.settings import Settings, Topics
 from evaluation.job_models import WARM_UP_S, JobModelFile, fit_scaling
 from infra.kafka import TopicReader, ensure_topic
-from pipeline.loadgen import Constant, generate_load
+from pipeline.loadgen import Constant, Shape, generate_load
 from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
 from plan.batching import TaskCost
 from plan.policies.default import BatchCost, Measured, capacities
@@ -169,25 +169,35 @@ def drain(bootstrap: str, parallelism: int, options: dict[str, str], records: in
 
 
 @contextmanager
+def background_load(bootstrap: str, shape: Shape, topic_partitions: int, duration_s: float = 7200) -> Iterator[None]:
+    """The project's load generator writing `shape` into the input topic from a thread, stopped on exit."""
+    ensure_topic(bootstrap, INPUT, topic_partitions)
+    stop = threading.Event()
+    load = threading.Thread(target=generate_load, args=(bootstrap, INPUT, shape),
+                            kwargs={"duration_s": duration_s, "stop_event": stop, "partitions": topic_partitions},
+                            daemon=True)
+    load.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        load.join(30)
+
+
+@contextmanager
 def under_load(bootstrap: str, options: dict[str, str], parallelism: int, rate: float, topic_partitions: int
                ) -> Iterator[tuple[RestartFromCheckpoint, Metrics]]:
     """The job started at `parallelism` with its own trigger, a constant `rate` of records arriving
     from then on, and its metric reports; all stopped on exit."""
     ensure_topic(bootstrap, INPUT, topic_partitions)
-    stop = threading.Event()
-    load = threading.Thread(target=generate_load, args=(bootstrap, INPUT, Constant(rate)),
-                            kwargs={"duration_s": 7200, "stop_event": stop, "partitions": topic_partitions},
-                            daemon=True)
     metrics = Metrics(bootstrap)
     with tempfile.TemporaryDirectory() as tmp:
         job = RestartFromCheckpoint(job_config(bootstrap, options, Path(tmp)))
         job.start(parallelism)
-        load.start()
         try:
-            yield job, metrics
+            with background_load(bootstrap, Constant(rate), topic_partitions):
+                yield job, metrics
         finally:
-            stop.set()
-            load.join(30)
             job.stop()
             metrics.close()
 

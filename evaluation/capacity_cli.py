@@ -26,6 +26,7 @@ from rich.table import Table
 from contracts.jobs import format_planned_capacity
 from evaluation.job_models import JobModelError, load_job_model
 from evaluation.live_testbed import LiveTestbed
+from evaluation.report import print_held_out
 from evaluation.testbed import ModelTestbed, scaling_truths
 from plan.capacity.explore import (
     Answer,
@@ -305,15 +306,8 @@ def print_plan(console: Console, report: dict[str, Any]) -> None:
         fit = Fit(fitted["name"], tuple(fitted["params"]), fitted["loo_error"])
         models.add_row(fit.name, f"{100 * fit.loo_error:.1f} %", *(f"{fit.at(n):,.0f}" for n in (16, 32, 64)))
     console.print(models)
-    if report["from_smallest"]:
-        held = Table(title="what the two smallest configurations predict (power law), against what was measured",
-                     title_justify="left")
-        for column in ("slots", "predicted MST", "measured MST", "error"):
-            held.add_column(column, justify="right")
-        for row in report["from_smallest"]:
-            held.add_row(str(row["slots"]), f"{row['predicted']:,.0f}", f"{row['measured']:,.0f}",
-                         f"{100 * row['error']:+.1f} %")
-        console.print(held)
+    print_held_out(console, "what the two smallest configurations predict (power law), against what was measured",
+                   report["from_smallest"])
     rows = [row for row in report["predicted_vs_true"] if row["true"] is not None]
     if rows:
         truth = Table(title="predicted against the testbed's truth", title_justify="left")

@@ -14,11 +14,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
 from evaluation.convergence import experiment
 from evaluation.job_models import WARM_UP_S, JobModelError
-from evaluation.report import markdown, plot, print_convergence, print_table
+from evaluation.report import markdown, plot, print_convergence, print_held_out, print_table
 from evaluation.suite import EVALUATED, EvalSettings, calibration, cases_of, evaluate_all, summarize
 from evaluation.traces import REGIMES, SHARED_TRACES, TRACE_NAMES, TraceError, read_trace_file
 from plan.registry import DEFAULT_POLICY, POLICIES
@@ -148,15 +147,7 @@ def calibrate_command(
                          restart_repeat=restarts, name=name, warm_up_s=warm_up_s, say=console.print)
     write_job_model(model, out)
     console.print_json(model.model_dump_json(exclude={"measured"}))
-    unseen = model.measured.get("unseen_capacity") or []
-    if unseen:
-        table = Table(title="capacity the planner predicts from the two smallest parallelisms, against what the job "
-                            "drained", title_justify="left")
-        for column in ("parallelism", "predicted (rec/s)", "measured (rec/s)", "error"):
-            table.add_column(column, justify="right")
-        for row in unseen:
-            table.add_row(str(row["parallelism"]), f"{row['predicted']:.0f}", f"{row['measured']:.0f}",
-                          f"{100 * row['error']:+.1f} %")
-        console.print(table)
+    print_held_out(console, "capacity the planner predicts from the two smallest parallelisms, against what the job "
+                   "drained", model.measured.get("unseen_capacity") or [], size="parallelism")
     console.print(f"wrote {out} in {time.perf_counter() - started:.0f} s; replay with "
                   f"`autoscaler evaluate --job-model {out}`")

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import math
 import tempfile
-import threading
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -31,9 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from evaluation.calibrate import INPUT, job_config, own_broker
-from infra.kafka import ensure_topic
-from pipeline.loadgen import generate_load
+from evaluation.calibrate import background_load, job_config, own_broker
 from pipeline.metrics import sample_from_progress
 from pipeline.restart import RestartFromCheckpoint
 from plan.capacity.mst import MIN_BATCHES, Batch, Step, step_from_batches
@@ -69,21 +66,12 @@ class LiveTestbed:
     _stack: ExitStack = field(default_factory=ExitStack, init=False)
     _job: RestartFromCheckpoint | None = field(default=None, init=False)
     _load: Adjustable = field(default_factory=Adjustable, init=False)
-    _bootstrap: str = field(default="", init=False)
 
     def __enter__(self) -> LiveTestbed:
-        self._bootstrap = self._stack.enter_context(own_broker())
-        ensure_topic(self._bootstrap, INPUT, self.topic_partitions)
-        stop = threading.Event()
-        load = threading.Thread(target=generate_load, args=(self._bootstrap, INPUT, self._load),
-                                kwargs={"duration_s": 7 * 86400, "stop_event": stop,
-                                        "partitions": self.topic_partitions}, daemon=True)
-        load.start()
-        self._stack.callback(load.join, 30)
-        self._stack.callback(stop.set)
+        bootstrap = self._stack.enter_context(own_broker())
+        self._stack.enter_context(background_load(bootstrap, self._load, self.topic_partitions, duration_s=7 * 86400))
         directory = Path(self._stack.enter_context(tempfile.TemporaryDirectory()))
-        self._job = RestartFromCheckpoint(job_config(self._bootstrap, self.options, directory,
-                                                     entry_point=self.entry_point))
+        self._job = RestartFromCheckpoint(job_config(bootstrap, self.options, directory, entry_point=self.entry_point))
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

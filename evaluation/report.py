@@ -142,3 +142,17 @@ def print_convergence(console: Console, rows: list[dict[str, Any]]) -> None:
                       str(row["steps"]), " -> ".join(str(tuple(p)) for p in row["path"]) or "(holds)",
                       "yes" if row["reached"] else "no")
     console.print(table)
+
+
+def print_held_out(console: Console, title: str, rows: list[dict[str, Any]], size: str = "slots") -> None:
+    """Capacities predicted from the smallest configurations against what was measured at the others
+    (`plan.capacity.explore.from_smallest`, `evaluation.calibrate.unseen_capacities`): one table."""
+    if not rows:
+        return
+    table = Table(title=title, title_justify="left")
+    for column in (size, "predicted (rec/s)", "measured (rec/s)", "error"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(str(row[size]), f"{row['predicted']:,.0f}", f"{row['measured']:,.0f}",
+                      f"{100 * row['error']:+.1f} %")
+    console.print(table)
