@@ -6,7 +6,8 @@ would store (`evaluation.capacity_cli.planned_curve`). Each run starts its own b
 live run (`stack.live`): the four agents with the defaults a user gets, the demo Spark job warmed up
 before it is registered (so the job is new to the agents), and the load: `--base` rec/s, then 4 times
 it. Counted after the step: the scale-ups, the first one's target, the parallelism held at the end,
-the peak backlog. The two runs, without then with the plan, are on the same machine one after the other.
+the peak backlog and when it drained (at most 2 s of the stepped load waiting). The two runs,
+without then with the plan, are on the same machine one after the other.
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ def one_run(overrides: dict[str, str], base: float, base_s: float, step_s: float
     before = [d for d in run.decisions if d.action is not Action.NONE and d.window_end < step_at]
     held = [a.parallelism for a in sorted(run.analyses, key=lambda a: a.window_end)
             if step_at <= a.window_end <= step_at + step_s]
+    # Drained: the first window after the first scale-up with at most 2 s of the stepped load waiting.
+    after_up = [a for a in sorted(run.analyses, key=lambda a: a.window_end)
+                if ups and a.window_end > ups[0].window_end and a.backlog is not None]
+    drained = next((a.window_end - step_at for a in after_up if a.backlog <= 2 * 4 * base), None)
     (workdir / "timeline.txt").write_text(run.timeline())
     return {"scale_ups_after_step": len(ups), "targets": [d.to_parallelism for d in ups],
             "first_target": ups[0].to_parallelism if ups else None,
@@ -71,6 +76,7 @@ def one_run(overrides: dict[str, str], base: float, base_s: float, step_s: float
             "actions_before_step": len(before), "held_at_end": held[-1] if held else None,
             "peak_backlog_after_step": max((a.backlog or 0 for a in run.analyses if a.window_end >= step_at),
                                            default=None),
+            "drained_s_after_step": None if drained is None else round(drained, 1),
             "reasons": [d.reason.message for d in ups], "timeline": str(workdir / "timeline.txt")}
 
 
@@ -98,11 +104,12 @@ def main(
     table = Table(title=f"a new job's first decisions at a step {base:g} -> {4 * base:g} rec/s (demo job, "
                         f"{cost_ms:g} ms per record, at most {max_parallelism} slots)", title_justify="left")
     for column in ("run", "scale-ups after the step", "targets", "first, s after the step", "held at the end",
-                   "peak backlog"):
+                   "peak backlog", "drained, s after the step"):
         table.add_column(column, justify="right")
     for name, row in rows.items():
         table.add_row(name, str(row["scale_ups_after_step"]), str(row["targets"]), str(row["first_up_s_after_step"]),
-                      str(row["held_at_end"]), str(row["peak_backlog_after_step"]))
+                      str(row["held_at_end"]), str(row["peak_backlog_after_step"]),
+                      str(row["drained_s_after_step"] or f"not within {step_s:g}"))
     console.print(table)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps({"runs": rows, "planned_capacity": planned, "planned_error": error, "base": base,
