@@ -39,7 +39,7 @@ from evaluation.jobmodel import JobModel
 from evaluation.simulator import PolicyRunner, simulate, static_parallelism
 from evaluation.testbed import WINDOW_S, ModelTestbed, scaling_truths
 from evaluation.traces import load_trace
-from plan.capacity.explore import LARGEST_ANSWER, explore, recommend
+from plan.capacity.explore import LARGEST_ANSWER, MIN_AFTER_CORNERS, explore, recommend
 from plan.capacity.mst import SENSIBILITY
 from plan.registry import make_policy
 
@@ -51,11 +51,11 @@ app = typer.Typer(add_completion=False, help=__doc__)
 
 
 def one_plan(name: str, model: JobModel, seed: int, max_slots: int, measure_s: float,
-             sensibility: float = SENSIBILITY) -> dict[str, Any]:
+             sensibility: float = SENSIBILITY, min_after_corners: int = MIN_AFTER_CORNERS) -> dict[str, Any]:
     started = time.perf_counter()
     testbed = ModelTestbed(model, rate_noise=NOISE, seed=seed, measure_s=measure_s)
     exploration = explore(testbed, list(range(1, max_slots + 1)), first_guess=START_RATE, seed=seed,
-                          sensibility=sensibility)
+                          sensibility=sensibility, min_after_corners=min_after_corners)
     fit = exploration.model
     rate = model.capacity(32)
     answer = recommend(exploration.fits, rate)
@@ -108,6 +108,38 @@ def _pct(values: list[float]) -> str:
     return f"{100 * ordered[len(ordered) // 2]:+.1f} / {100 * ordered[-1]:+.1f}"
 
 
+def first_decision_rows(jobs: dict[str, JobModel], rows: list[dict[str, Any]], seeds: int) -> list[dict[str, Any]]:
+    """Each job, seed and step size: the new job's first decisions without and with its plan."""
+    step_rows = []
+    for (name, model), seed, size in itertools.product(jobs.items(), range(seeds), STEP_SLOTS):
+        plan = next(r for r in rows if r["job"] == name and r["seed"] == seed)
+        for arm, curve in (("without", ""), ("with", plan["planned_curve"])):
+            step_rows.append({"job": name, "seed": seed, "step_slots": size, "plan": arm}
+                             | first_decisions(model, seed, curve, plan["planned_error"], size))
+    return step_rows
+
+
+def print_first_decisions(console: Console, jobs: dict[str, JobModel], step_rows: list[dict[str, Any]],
+                          seeds: int) -> None:
+    step = Table(title=f"a new job at 1 slot, its load x4 after an hour (to 3 or 6 slots' worth at one slot's rate), "
+                       f"without and with its plan; {seeds} seeds; median / worst", title_justify="left")
+    for column in ("job", "to", "plan", "scale-ups after the step", "first scale-up to", "held at (fewest)",
+                   "peak backlog (records)", "seconds beyond the target"):
+        step.add_column(column, justify="right")
+    for name, size, arm in itertools.product(jobs, STEP_SLOTS, ("without", "with")):
+        mine = [r for r in step_rows if r["job"] == name and r["plan"] == arm and r["step_slots"] == size]
+
+        def spread(key: str, mine: list[dict[str, Any]] = mine) -> str:
+            values = sorted(float(r[key] or 0) for r in mine)
+            return f"{values[len(values) // 2]:,.0f} / {values[-1]:,.0f}"
+
+        step.add_row(name, f"{size:g}", arm, spread("scale_ups_after_step"),
+                     ", ".join(str(r["first_target"]) for r in mine),
+                     f"{', '.join(str(r['held']) for r in mine)} ({mine[0]['fewest_slots']})",
+                     spread("peak_backlog"), spread("seconds_beyond_target"))
+    console.print(step)
+
+
 @app.command()
 def main(
     seeds: Annotated[int, typer.Option(help="Noise seeds per job.")] = 5,
@@ -115,11 +147,16 @@ def main(
     measure_s: Annotated[float, typer.Option(help="Seconds measured per injected rate.")] = 300.0,
     sensibility: Annotated[float, typer.Option(help="The dichotomy stops when its next rate is this close to "
                                                      "the last (relative).")] = SENSIBILITY,
+    min_after_corners: Annotated[int, typer.Option(help="Configurations measured beyond the two corners before "
+                                                        "the error rule may stop the exploration (the "
+                                                        "largest: every candidate).")] = MIN_AFTER_CORNERS,
+    first_decisions: Annotated[bool, typer.Option(help="Also run the new job's first decisions without and with "
+                                                       "its plan.")] = True,
     output: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS,
 ) -> None:
     console = Console(width=max(150, Console().width))
     jobs = {**scaling_truths(), "demo": demo_job_model().model()}
-    rows = [one_plan(name, model, seed, max_slots, measure_s, sensibility)
+    rows = [one_plan(name, model, seed, max_slots, measure_s, sensibility, min_after_corners)
             for name, model in jobs.items() for seed in range(seeds)]
     table = Table(title=f"capacity plans trained on 1-{max_slots} slots, {seeds} seeds per job, noise {NOISE:.1%} "
                         "per 10-s window; error median / worst (by size)", title_justify="left")
@@ -151,35 +188,16 @@ def main(
             f"{sorted(r['testbed_slot_hours'] for r in mine)[len(mine) // 2]:.1f}",
         )
     console.print(table)
-    step_rows = []
-    for (name, model), seed, size in itertools.product(jobs.items(), range(seeds), STEP_SLOTS):
-        plan = next(r for r in rows if r["job"] == name and r["seed"] == seed)
-        for arm, curve in (("without", ""), ("with", plan["planned_curve"])):
-            step_rows.append({"job": name, "seed": seed, "step_slots": size, "plan": arm}
-                             | first_decisions(model, seed, curve, plan["planned_error"], size))
-    step = Table(title=f"a new job at 1 slot, its load x4 after an hour (to 3 or 6 slots' worth at one slot's rate), "
-                       f"without and with its plan; {seeds} seeds; median / worst", title_justify="left")
-    for column in ("job", "to", "plan", "scale-ups after the step", "first scale-up to", "held at (fewest)",
-                   "peak backlog (records)", "seconds beyond the target"):
-        step.add_column(column, justify="right")
-    for name, size, arm in itertools.product(jobs, STEP_SLOTS, ("without", "with")):
-        mine = [r for r in step_rows if r["job"] == name and r["plan"] == arm and r["step_slots"] == size]
-
-        def spread(key: str, mine: list[dict[str, Any]] = mine) -> str:
-            values = sorted(float(r[key] or 0) for r in mine)
-            return f"{values[len(values) // 2]:,.0f} / {values[-1]:,.0f}"
-
-        step.add_row(name, f"{size:g}", arm, spread("scale_ups_after_step"),
-                     ", ".join(str(r["first_target"]) for r in mine),
-                     f"{', '.join(str(r['held']) for r in mine)} ({mine[0]['fewest_slots']})",
-                     spread("peak_backlog"), spread("seconds_beyond_target"))
-    console.print(step)
+    step_rows: list[dict[str, Any]] = []
+    if first_decisions:
+        step_rows = first_decision_rows(jobs, rows, seeds)
+        print_first_decisions(console, jobs, step_rows, seeds)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps({
         "first_decisions": step_rows,
         "settings": {"seeds": seeds, "max_slots": max_slots, "measure_s": measure_s, "settle_s": 60.0,
                      "start_rate": START_RATE,
-                     "sensibility": sensibility,
+                     "sensibility": sensibility, "min_after_corners": min_after_corners,
                      "noise": NOISE}, "summaries": summaries, "rows": rows,
         "code": code_version(("plan/capacity/scaling.py", "plan/capacity/mst.py", "plan/capacity/explore.py",
                               "evaluation/testbed.py", "evaluation/jobmodel.py")),

@@ -132,10 +132,12 @@ def _expected_improvement(gp: GaussianProcessRegressor, x: np.ndarray, best: flo
 
 def explore(testbed: Testbed, candidates: list[int], first_guess: float, budget_slot_s: float = math.inf,
             on_measured: Callable[[Measurement], None] | None = None, seed: int = 0,
-            sensibility: float = SENSIBILITY, growth: float = 2.0) -> Exploration:
+            sensibility: float = SENSIBILITY, growth: float = 2.0,
+            min_after_corners: int = MIN_AFTER_CORNERS) -> Exploration:
     """Measure the corners of `candidates` (slot counts), then the candidates Bayesian optimization
-    picks, until a stop rule holds. `first_guess` is where the first dichotomy starts (records/s);
-    later ones start from what was measured, extrapolated; each grows by `growth` (`Dichotomy`)."""
+    picks, until a stop rule holds (the error rule only after `min_after_corners` more). `first_guess`
+    is where the first dichotomy starts (records/s); later ones start from what was measured,
+    extrapolated; each grows by `growth` (`Dichotomy`)."""
     todo = sorted(set(candidates))
     if not todo or todo[0] < 1:
         raise ValueError("candidates must be slot counts >= 1")
@@ -171,7 +173,7 @@ def explore(testbed: Testbed, candidates: list[int], first_guess: float, budget_
             result.stopped = "budget spent"
             break
         finite = [e for e in result.errors if math.isfinite(e)]
-        if beyond >= MIN_AFTER_CORNERS and len(finite) >= 2 and finite[-1] > finite[-2] * (1 + ERROR_RISE) \
+        if beyond >= min_after_corners and len(finite) >= 2 and finite[-1] > finite[-2] * (1 + ERROR_RISE) \
                 and finite[-2] > 0:
             result.stopped = "the models' error rose by more than 10 %"
             break

@@ -150,6 +150,21 @@ def test_the_answer_plans_for_110_percent_and_a_rate_out_of_reach_gets_the_best_
         recommend([linear], 0)
 
 
+def test_where_plausible_models_part_the_answer_provisions_for_the_most_pessimistic() -> None:
+    # Two curves the testbed cannot tell apart (equal leave-one-out errors) that part by far more than
+    # 10 % at 40 slots: the linear one (chosen) and Amdahl's law with a 1 % serial share.
+    linear, amdahl = Fit("linear", (100.0, 0.0), 0.01, 0.005), Fit("amdahl", (100.0, 0.01), 0.01, 0.005)
+    answer = recommend([linear, amdahl], 3000)
+    assert answer.models_disagree and "amdahl" in answer.message and "caution" in answer.message
+    assert answer.slots is not None
+    n = answer.slots
+    # The pessimistic curve reaches the rate with its headroom there, and not one slot earlier.
+    assert amdahl.at(n) >= 1.1 * 3000 > amdahl.at(n - 1)
+    assert answer.predicted_mst == pytest.approx(amdahl.at(n))
+    # Alone, the chosen curve answers with its headroom only.
+    assert recommend([linear], 3010).slots == 34 < n  # 3,311 rec/s at 100 per slot
+
+
 def test_usl_terms_bend_the_job_models_capacity() -> None:
     plain = JobModel(operators=(Operator("a", 100.0),))
     usl = JobModel(operators=(Operator("a", 100.0, contention=0.1, coherency=0.01),))
