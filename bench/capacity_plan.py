@@ -63,6 +63,8 @@ def one_plan(name: str, model: JobModel, seed: int, max_slots: int, measure_s: f
         "job": name, "seed": seed, "model": fit.name, "loo_error": fit.loo_error,
         "measured": len(exploration.measurements), "stopped": exploration.stopped,
         "testbed_slot_hours": exploration.slot_seconds / 3600,
+        # How far the measured MSTs are off the truth (standard deviation over the configurations).
+        "mst_error_sd": float(np.std([m.mst / model.capacity(m.slots) - 1 for m in exploration.stable])),
         **{f"error_at_{n}": fit.at(n) / model.capacity(n) - 1 for n in FAR},
         "rate": rate, "answer_slots": answer.slots, "fewest_slots": static_parallelism(model, rate, LARGEST_ANSWER),
         "wall_s": time.perf_counter() - started,
@@ -176,6 +178,7 @@ def main(
             "worst_capacity_oversize": max((r["capacity_oversize"] for r in answered), default=None),
             "truth_in_interval": sum(r["truth_in_interval"] for r in mine),
             "models_disagree": sum(r["models_disagree"] for r in mine),
+            "median_mst_error_sd": float(np.median([r["mst_error_sd"] for r in mine])),
         }
         table.add_row(
             name, chosen, _pct([r["error_at_32"] for r in mine]), _pct([r["error_at_64"] for r in mine]),
