@@ -63,12 +63,11 @@ def one_run(overrides: dict[str, str], base: float, base_s: float, step_s: float
     ups = [d for d in sorted(run.decisions, key=lambda d: d.window_end)
            if d.action is Action.SCALE_UP and d.window_end >= step_at]
     before = [d for d in run.decisions if d.action is not Action.NONE and d.window_end < step_at]
-    held = [a.parallelism for a in sorted(run.analyses, key=lambda a: a.window_end)
-            if step_at <= a.window_end <= step_at + step_s]
+    analyses = sorted(run.analyses, key=lambda a: a.window_end)
+    held = [a.parallelism for a in analyses if step_at <= a.window_end <= step_at + step_s]
     # Drained: the first window after the first scale-up with at most 2 s of the stepped load waiting.
-    after_up = [a for a in sorted(run.analyses, key=lambda a: a.window_end)
-                if ups and a.window_end > ups[0].window_end and a.backlog is not None]
-    drained = next((a.window_end - step_at for a in after_up if a.backlog <= 2 * 4 * base), None)
+    drained = next((a.window_end - step_at for a in analyses if ups and a.window_end > ups[0].window_end
+                    and a.backlog is not None and a.backlog <= 2 * 4 * base), None)
     (workdir / "timeline.txt").write_text(run.timeline())
     return {"scale_ups_after_step": len(ups), "targets": [d.to_parallelism for d in ups],
             "first_target": ups[0].to_parallelism if ups else None,
@@ -109,7 +108,8 @@ def main(
     for name, row in rows.items():
         table.add_row(name, str(row["scale_ups_after_step"]), str(row["targets"]), str(row["first_up_s_after_step"]),
                       str(row["held_at_end"]), str(row["peak_backlog_after_step"]),
-                      str(row["drained_s_after_step"] or f"not within {step_s:g}"))
+                      f"not within {step_s:g}" if row["drained_s_after_step"] is None
+                      else str(row["drained_s_after_step"]))
     console.print(table)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps({"runs": rows, "planned_capacity": planned, "planned_error": error, "base": base,
