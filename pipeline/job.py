@@ -77,6 +77,8 @@ class JobContext:
             max_records_per_trigger=int(limit) if limit else None,
             min_partitions=self.min_partitions,
             pause_file=self.pause_file,
+            # An in-place backend scales each batch's admission to the executors that run now.
+            **({"shareFile": self.options["shareFile"]} if self.pausable and self.options.get("shareFile") else {}),
         )
 
 

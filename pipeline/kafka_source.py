@@ -12,6 +12,9 @@ Options:
                        job's parallelism can exceed the topic's partition count.
   pauseFile            while this file exists, no new data is admitted; a runner uses it to stop the
                        query between micro-batches. Each paused trigger touches `<pauseFile>.ack`.
+  shareFile            while this file holds a number s in (0, 1], a micro-batch admits at most
+                       s x maxRecordsPerTrigger records: an in-place backend writes the share of the
+                       query's task slots that have executors now, so batches keep their length.
 
 Offsets are JSON objects partition -> next offset ({"0": 120}), kept in Spark's checkpoint.
 `reportLatestOffset` gives the log-end offsets, so StreamingQueryProgress shows the backlog.
@@ -59,6 +62,7 @@ class SourceOptions:
     max_records_per_trigger: int | None = None
     min_partitions: int | None = None
     pause_file: str | None = None
+    share_file: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -76,6 +80,7 @@ class SourceOptions:
             max_records_per_trigger=_positive_int(opts.get("maxrecordspertrigger"), "maxRecordsPerTrigger"),
             min_partitions=_positive_int(opts.get("minpartitions"), "minPartitions"),
             pause_file=opts.get("pausefile") or None,
+            share_file=opts.get("sharefile") or None,
         )
 
 
@@ -103,18 +108,44 @@ def stop_between_batches(
     query. Returns False if the acknowledgement did not come within `timeout` (the query is
     stopped anyway; Spark redoes an interrupted batch on restart). The pause file is left in place.
     """
+    acknowledged = pause_between_batches(query, pause_file, timeout)
+    query.stop()
+    return acknowledged
+
+
+def pause_between_batches(query: StreamingQuery, pause_file: str | os.PathLike[str], timeout: float = 60.0) -> bool:
+    """Hold a query that reads through this source between micro-batches, without stopping it.
+
+    Creates the pause file and waits until a trigger acknowledged it and no trigger is active: every
+    batch before is done and none runs until `clear_pause`. False if that did not happen within
+    `timeout` (or the query stopped)."""
     ack = pause_ack_path(pause_file)
     ack.unlink(missing_ok=True)
     Path(pause_file).write_text(f"pause requested at {time.time()}\n")
     deadline = time.monotonic() + timeout
-    acknowledged = False
     while time.monotonic() < deadline and query.isActive:
         if ack.exists() and not query.status.get("isTriggerActive", False):
-            acknowledged = True
-            break
+            return True
         time.sleep(0.05)
-    query.stop()
-    return acknowledged
+    return False
+
+
+def read_share(share_file: str | os.PathLike[str]) -> float:
+    """The share of maxRecordsPerTrigger a batch admits now (`shareFile`): 1 when the file is
+    missing or unreadable, else its number clipped to (0, 1]."""
+    try:
+        share = float(Path(share_file).read_text().strip())
+    except (OSError, ValueError):
+        return 1.0
+    return min(1.0, share) if share > 0 else 1.0
+
+
+def write_share(share_file: str | os.PathLike[str], share: float) -> None:
+    """Set the share a batch admits (atomically: a trigger never reads half a number)."""
+    path = Path(share_file)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{share:.6f}\n")
+    tmp.replace(path)
 
 
 def clear_pause(pause_file: str | os.PathLike[str]) -> None:
@@ -185,6 +216,8 @@ class KafkaStreamReader(DataSourceStreamReader):
             return off.to_json_offsets(begin)
         end = off.available_end(begin, latest)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if max_rows is not None and self.options.share_file:
+            max_rows = max(1, round(max_rows * read_share(self.options.share_file)))
         return off.to_json_offsets(off.cap_end_offsets(begin, end, max_rows))
 
     def _paused(self) -> bool:
