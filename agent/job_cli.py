@@ -8,11 +8,15 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from contracts.settings import get_settings
+
+if TYPE_CHECKING:
+    from execute.backend import ScalingBackend
+    from pipeline.restart import SparkJobConfig
 
 job_app = typer.Typer(help="Run Spark streaming jobs that the autoscaler rescales.", no_args_is_help=True)
 
@@ -55,6 +59,11 @@ def run(
     master: Annotated[
         str | None, typer.Option("--master", help="spark://host:port for a standalone cluster; default local[N].")
     ] = None,
+    backend: Annotated[
+        str, typer.Option("--backend", help="How a rescale is done: inplace (change a running application's "
+                          "executors; a standalone cluster only), restart (from the checkpoint), or auto "
+                          "(inplace on a cluster, restart otherwise).")
+    ] = "auto",
     option: Annotated[
         list[str] | None, typer.Option("--option", "-o", help="Job option key=value (repeatable), e.g. cost_ms=4.")
     ] = None,
@@ -91,7 +100,7 @@ def run(
 
     from execute.backend import RunnerFatal, StartError
     from execute.runner import RunnerConfig, run_job
-    from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
+    from pipeline.restart import SparkJobConfig
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
@@ -144,10 +153,33 @@ def run(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        run_job(runner, RestartFromCheckpoint(job), stop)
+        run_job(runner, choose_backend(backend, job, max_parallelism), stop)
     except (StartError, RunnerFatal) as exc:
         logging.getLogger(__name__).error("the job is not running: %s", exc)
         raise typer.Exit(1) from exc
+
+
+def choose_backend(name: str, job: SparkJobConfig, max_parallelism: int | None) -> ScalingBackend:
+    """The scaling backend `name` asks for; in place falls back to restarting, saying why, where the
+    cluster manager cannot change executors."""
+    from pipeline.inplace import InPlaceExecutors, can_change_in_place
+    from pipeline.restart import RestartFromCheckpoint
+
+    if name not in ("auto", "inplace", "restart"):
+        raise typer.BadParameter(f"unknown backend {name!r}: inplace, restart or auto", param_hint="--backend")
+    reason = can_change_in_place(job.master)
+    if name == "restart" or (name == "auto" and reason is not None):
+        return RestartFromCheckpoint(job)
+    if reason is not None:
+        logging.getLogger(__name__).warning("--backend inplace: %s", reason)
+        return RestartFromCheckpoint(job)
+    if max_parallelism is None and name == "auto":
+        logging.getLogger(__name__).warning("no --max-parallelism: rescaling restarts the query from its checkpoint")
+        return RestartFromCheckpoint(job)
+    if max_parallelism is None:
+        raise typer.BadParameter("in place needs --max-parallelism: the query's task count is fixed at it",
+                                 param_hint="--max-parallelism")
+    return InPlaceExecutors(job, max_parallelism)
 
 
 if __name__ == "__main__":

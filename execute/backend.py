@@ -43,6 +43,7 @@ class BackendOutcome:
     errors: tuple[str, ...] = ()
     rolled_back_to: int | None = None
     downtime_s: float | None = None  # from the request until the job processes again
+    ramp_s: float | None = None  # in place: from the request until the executors registered (or went)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,20 @@ def restart_cost(current: int, target: int, measured: Downtimes, default_s: floa
         return ActionCost(pause_s=0.0)
     direction = "up" if target > current else "down"
     return ActionCost(pause_s=measured.expected(direction, default_s), replay_s=checkpoint_interval_s)
+
+
+def in_place_cost(current: int, target: int, measured: Downtimes, default_ramp_s: float,
+                  default_pause_s: float) -> ActionCost:
+    """An in-place change of executors: adding them costs the time until they registered (the job
+    keeps processing at the old capacity meanwhile); removing them holds the query between two
+    micro-batches while they go. Learned from the measured ones (`measured`: an in-place backend
+    records a scale-up's time to new capacity and a scale-down's hold), the defaults until one is
+    measured; nothing is replayed."""
+    if target == current:
+        return ActionCost(pause_s=0.0)
+    if target > current:
+        return ActionCost(pause_s=0.0, reduced_s=measured.expected("up", default_ramp_s))
+    return ActionCost(pause_s=measured.expected("down", default_pause_s))
 
 
 def rescale_with_rollback(start: Callable[[int], object], target: int, last_good: int, retries: int) -> BackendOutcome:

@@ -1,0 +1,88 @@
+"""The in-place backend's pure parts: which executors go, the admission share, costs, the fallback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import typer
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.job_cli import choose_backend
+from contracts.plan_state import Downtimes
+from execute.backend import BackendKind, in_place_cost
+from pipeline.inplace import InPlaceExecutors, NotInPlace, can_change_in_place, executors_to_remove
+from pipeline.kafka_source import read_share, write_share
+from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
+
+
+@given(st.sets(st.integers(0, 500), min_size=1, max_size=40), st.integers(0, 45))
+def test_the_newest_executors_go_and_exactly_the_target_stay(ids: set[int], target: int) -> None:
+    names = [str(i) for i in ids]
+    gone = executors_to_remove(names, target)
+    stay = set(names) - set(gone)
+    assert len(stay) == min(target, len(names))
+    assert set(gone) <= set(names)
+    if gone and stay:
+        assert max(int(s) for s in stay) < min(int(g) for g in gone)
+
+
+def test_executor_ids_are_ordered_as_numbers_not_text() -> None:
+    assert executors_to_remove(["10", "9", "2"], 2) == ["10"]
+    with pytest.raises(ValueError):
+        executors_to_remove(["1"], -1)
+
+
+def test_the_share_file_scales_admission_and_a_bad_one_admits_all(tmp_path: Path) -> None:
+    share = tmp_path / "share"
+    assert read_share(share) == 1.0  # no file: the whole limit
+    write_share(share, 0.25)
+    assert read_share(share) == pytest.approx(0.25)
+    for text in ("abc", "0", "-1", ""):
+        share.write_text(text)
+        assert read_share(share) == 1.0
+    share.write_text("3")
+    assert read_share(share) == 1.0  # never more than the limit
+
+
+def test_in_place_costs_no_pause_to_add_and_a_hold_to_remove() -> None:
+    measured = Downtimes(up=[8.0, 12.0], down=[0.4, 0.2])
+    assert in_place_cost(2, 2, measured, 10.0, 3.0).pause_s == 0.0
+    up = in_place_cost(1, 3, measured, 10.0, 3.0)
+    assert (up.pause_s, up.reduced_s, up.replay_s) == (0.0, 12.0, 0.0)  # the slowest recent one
+    down = in_place_cost(3, 1, measured, 10.0, 3.0)
+    assert (down.pause_s, down.reduced_s, down.replay_s) == (0.4, 0.0, 0.0)
+    fresh = Downtimes()
+    assert in_place_cost(1, 3, fresh, 10.0, 3.0).reduced_s == 10.0  # the defaults until measured
+    assert in_place_cost(3, 1, fresh, 10.0, 3.0).pause_s == 3.0
+
+
+def _config(tmp_path: Path, master: str | None) -> SparkJobConfig:
+    return SparkJobConfig(job_id="demo", entry_point="pipeline.demo:build", checkpoint_dir=tmp_path, master=master)
+
+
+def test_local_mode_cannot_change_executors_and_falls_back_saying_why(tmp_path: Path) -> None:
+    assert can_change_in_place("spark://127.0.0.1:7077") is None
+    reason = can_change_in_place("local[4]")
+    assert reason is not None and "restarts the query" in reason
+    with pytest.raises(NotInPlace):
+        InPlaceExecutors(_config(tmp_path, None), 4)
+    local = choose_backend("inplace", _config(tmp_path, None), 4)
+    assert isinstance(local, RestartFromCheckpoint) and local.kind is BackendKind.RESTART
+    assert choose_backend("auto", _config(tmp_path, None), 4).kind is BackendKind.RESTART
+
+
+def test_a_cluster_rescales_in_place_with_the_task_count_fixed_at_the_maximum(tmp_path: Path) -> None:
+    cluster = _config(tmp_path, "spark://127.0.0.1:7077")
+    backend = choose_backend("auto", cluster, 6)
+    assert isinstance(backend, InPlaceExecutors) and backend.kind is BackendKind.IN_PLACE
+    assert backend.config.options["minPartitions"] == "6"
+    assert backend.config.spark_conf["spark.sql.shuffle.partitions"] == "6"
+    assert backend.config.spark_conf["spark.dynamicAllocation.enabled"] == "false"
+    assert choose_backend("restart", cluster, 6).kind is BackendKind.RESTART
+    assert choose_backend("auto", cluster, None).kind is BackendKind.RESTART  # no maximum: no fixed task count
+    with pytest.raises(typer.BadParameter):
+        choose_backend("inplace", cluster, None)
+    with pytest.raises(typer.BadParameter):
+        choose_backend("elastic", cluster, 6)
