@@ -285,12 +285,17 @@ def demo(
     cost_ms: Annotated[float, typer.Option(help="Per-record cost of the demo job (waiting, not computing).")] = 4.0,
     partitions: Annotated[int, typer.Option(help="Partitions of the demo input topic.")] = 4,
     max_parallelism: Annotated[int, typer.Option(help="Upper bound of the demo job's parallelism.")] = 8,
+    cluster: Annotated[str, typer.Option(help="local: Spark in local mode, rescaled by restarting from the "
+                                              "checkpoint; standalone: a Spark standalone cluster started for "
+                                              "the demo, executors changed in place.")] = "local",
 ) -> None:
     """Run the demo Spark job under changing load on the embedded stack, autoscaled live; end with a
     summary table and a PNG of the run."""
     from agent.demo import run_demo
 
-    run_demo(get_settings(), shape, cost_ms, partitions, max_parallelism, console)
+    if cluster not in ("local", "standalone"):
+        raise typer.BadParameter("local or standalone", param_hint="--cluster")
+    run_demo(get_settings(), shape, cost_ms, partitions, max_parallelism, console, cluster)
 
 
 # ---------------------------------------------------------------- embedded stack

@@ -25,6 +25,7 @@ from contracts.settings import Settings
 from evaluation.live import live_measures
 from evaluation.report import plot_live
 from infra.kafka import TopicReader, ensure_topics
+from stack.cluster import start_cluster
 from stack.embedded import Stack, state_dir
 from stack.live import LiveRun
 from stack.processes import stop_pid
@@ -38,7 +39,12 @@ DRAIN_S = 90.0  # after the load ends, at most this long for the backlog to empt
 
 
 def run_demo(settings: Settings, shape: str, cost_ms: float, partitions: int, max_parallelism: int,
-             console: Console) -> dict[str, Any]:
+             console: Console, cluster: str = "local") -> dict[str, Any]:
+    """The demo; `cluster` "standalone" runs the job on a Spark standalone cluster started for it
+    (a master and one worker with a core per slot), rescaled in place; "local" in local mode,
+    restarted from its checkpoint."""
+    if cluster not in ("local", "standalone"):
+        raise ValueError(f"cluster must be local or standalone, not {cluster!r}")
     stack = Stack(settings)
     started_stack = not all(stack.status().values())
     stack.up(console=console)
@@ -50,10 +56,15 @@ def run_demo(settings: Settings, shape: str, cost_ms: float, partitions: int, ma
     job_dir = state_dir() / "demo"
     shutil.rmtree(job_dir, ignore_errors=True)
     logs = state_dir() / "logs"
+    spark = start_cluster(cores=max_parallelism, memory=f"{max_parallelism}g", log_dir=logs / "cluster") \
+        if cluster == "standalone" else None
+    if spark is not None:
+        console.print(f"Spark standalone cluster at {spark.url} ({max_parallelism} cores); executors change in place")
     follow = consumer(settings, [settings.topics.decisions, settings.topics.scaling_events, settings.topics.analyses])
     runner = start_job_runner(settings, JOB, job_dir, logs / "runner.log", max_parallelism=max_parallelism,
                               options={"cost_ms": str(cost_ms), "input_topic": input_topic,
-                                       "output_topic": output_topic})
+                                       "output_topic": output_topic},
+                              args=["--master", spark.url] if spark is not None else None)
     load = start_load(settings, input_topic, logs / "load.log", ["--shape", shape], partitions=partitions)
     run = LiveRun(started=time.time())
     console.print(f"demo job started (runner pid {runner.pid}); load: {shape}; topics {input_topic} -> "
@@ -86,6 +97,8 @@ def run_demo(settings: Settings, shape: str, cost_ms: float, partitions: int, ma
         follow.close()
         for process in (load, runner):
             stop_pid(process.pid, timeout=60, process=process)
+        if spark is not None:
+            spark.stop()
         if started_stack:
             stack.down(console=console)
     return summary
