@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import json
 import logging
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -162,8 +163,8 @@ def main(
     downs = sorted(r["seconds"] for r in rows if r["to"] < r["from"])
     summary = {"rescales": len(rows), "applied": sum(r["ok"] for r in rows), "query_restarts": restarts,
                "start_s": started, "longest_pause_s": pause, "batches": len(seen),
-               "median_up_s": ups[len(ups) // 2] if ups else None, "worst_up_s": ups[-1] if ups else None,
-               "median_down_s": downs[len(downs) // 2] if downs else None,
+               "median_up_s": statistics.median(ups) if ups else None, "worst_up_s": ups[-1] if ups else None,
+               "median_down_s": statistics.median(downs) if downs else None,
                "worst_down_s": downs[-1] if downs else None,
                "worst_held_s": max((r["held_s"] or 0.0 for r in rows), default=0.0), **exactly}
     table = Table(title=f"{len(rows)} in-place rescales between 1 and {max_parallelism} executors, {rate:g} rec/s "
