@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from contracts.backends import BackendKind
 from contracts.periods import PeriodError, parse_periods
 from contracts.settings import Settings
 
@@ -47,6 +48,12 @@ class JobConfig(BaseModel):
     backlog_target_s: float = Field(
         60.0, gt=0, description="The most backlog the job may carry, in seconds of arrivals: the default "
         "planner keeps it within this target at the least cost; the evaluation counts the time beyond it."
+    )
+    scaling_backend: BackendKind = Field(
+        BackendKind.RESTART, description="How execute rescales the job, so the default planner plans each action's "
+        "cost the same way: restart (from the checkpoint: a pause and a replay) or in_place (executors changed on "
+        "a standalone cluster: a scale-up runs at the old capacity until they registered, a scale-down holds the "
+        "query between batches). Set it to what the job runner runs (`autoscaler job run --backend`)."
     )
     restart_time_s: float = Field(
         30.0, ge=0, description="Restart time assumed until execute has measured one; its arrivals are "

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from contracts.backends import BackendKind
 from evaluation.convergence import experiment
 from evaluation.job_models import WARM_UP_S, JobModelError
 from evaluation.report import markdown, plot, print_convergence, print_held_out, print_table
@@ -48,6 +49,10 @@ def evaluate_command(
         help="Per-window log-sd of the processing rate (0.1: 10 %); default the job model's.")] = None,
     job_model: Annotated[Path | None, typer.Option(
         help="A job-model file written by `autoscaler calibrate`; default the demo job's.")] = None,
+    backend: Annotated[str, typer.Option(
+        help="How the job is rescaled: restart (from its checkpoint, local mode) or inplace (executors changed on a "
+             "standalone cluster: the job model's ramp_up_s and hold_down_s). Every policy and the oracle alike.")
+    ] = "restart",
     workers: Annotated[int, typer.Option(help="Processes, one case (trace, regime, seed) each at a time.")] = 2,
     json_out: Annotated[Path, typer.Option("--json", help="Where the JSON goes: per trace x regime x seed x "
                                            "policy, and the oracle's figures.")] = RESULTS / "evaluate.json",
@@ -84,12 +89,15 @@ def evaluate_command(
             raise typer.BadParameter(f"choose from {', '.join(REGIMES)}", param_hint="--regime")
     if seeds < 1:
         raise typer.BadParameter("at least one seed", param_hint="--seeds")
+    kinds = {"restart": BackendKind.RESTART, "inplace": BackendKind.IN_PLACE, "in_place": BackendKind.IN_PLACE}
+    if backend not in kinds:
+        raise typer.BadParameter("choose restart or inplace", param_hint="--backend")
     settings = EvalSettings(hours=hours, peak=peak, scaling=scaling, max_parallelism=max_parallelism,  # type: ignore[arg-type]
                             backlog_target_s=backlog_target_s, seeds=seeds, first_seed=first_seed,
                             rate_noise=rate_noise, regimes=regimes,  # type: ignore[arg-type]
-                            job_model=str(job_model) if job_model else None)
+                            job_model=str(job_model) if job_model else None, backend=kinds[backend])
     try:
-        settings.job()
+        settings.job().model(in_place=settings.backend is BackendKind.IN_PLACE)
     except JobModelError as exc:
         raise typer.BadParameter(str(exc), param_hint="--job-model") from None
     if live:
@@ -118,7 +126,8 @@ def evaluate_command(
         "summaries": summaries, "cases": results, "ds2_convergence": ds2_convergence,
     }, indent=1))
     json_out.with_suffix(".md").write_text(markdown(summaries, ds2_convergence))
-    console.print(f"{len(policies)} policies x {len(cases)} cases in {elapsed:.1f} s on {workers} workers; wrote "
+    console.print(f"{len(policies)} policies x {len(cases)} cases, rescaled by {settings.backend.value}, in "
+                  f"{elapsed:.1f} s on {workers} workers; wrote "
                   f"{json_out}, {json_out.with_suffix('.md').name} and {len(paths)} plots in {plot_dir}")
 
 

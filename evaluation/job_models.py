@@ -56,6 +56,11 @@ class JobModelFile(BaseModel):
                          "is lower for small batches by it.")
     downtime_up_s: PositiveSeconds
     downtime_down_s: PositiveSeconds
+    ramp_up_s: PositiveSeconds | None = Field(
+        None, description="In place (executors changed on a standalone cluster): seconds from the decision until a "
+                          "scale-up's new executors registered; the job runs at its old capacity meanwhile.")
+    hold_down_s: Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)] | None = Field(
+        None, description="In place: seconds a scale-down holds the query between two micro-batches.")
     rate_noise: Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)] = Field(
         description="Log-sd of the per-window processing rate (10-s windows).")
     checkpoint_interval_s: PositiveSeconds = 5.0
@@ -65,9 +70,14 @@ class JobModelFile(BaseModel):
     partitions: Annotated[int, Field(ge=1, le=100_000)] = 64
     measured: dict[str, Any] = Field(default_factory=dict, description="How, when and what was measured.")
 
-    def model(self) -> JobModel:
+    def model(self, in_place: bool = False) -> JobModel:
+        """The job as the simulator replays it; `in_place`: rescaled by changing its executors in place
+        (the file's `ramp_up_s` and `hold_down_s`), not by restarts."""
         if self.task_overhead_s >= self.batch_work_s:
             raise JobModelError("task_overhead_s must be less than batch_work_s (a full batch's work per slot)")
+        if in_place and (self.ramp_up_s is None or self.hold_down_s is None):
+            raise JobModelError(f"the job model {self.name!r} has no in-place times (ramp_up_s, hold_down_s): "
+                                "measure them with `python -m bench.inplace_live`")
         # slot_rate is DS2's rate over full batches, task costs included: per record, a slot is faster.
         per_record = self.slot_rate * self.batch_work_s / (self.batch_work_s - self.task_overhead_s)
         operator = Operator(self.name, per_record, knee=self.knee, efficiency_beyond_knee=self.efficiency_beyond_knee,
@@ -76,7 +86,8 @@ class JobModelFile(BaseModel):
                         checkpoint_interval_s=self.checkpoint_interval_s, downtime_up_s=self.downtime_up_s,
                         downtime_down_s=self.downtime_down_s, batch_overhead_s=self.batch_overhead_s,
                         batch_work_s=self.batch_work_s, task_overhead_s=self.task_overhead_s,
-                        trigger_interval_s=self.trigger_interval_s)
+                        trigger_interval_s=self.trigger_interval_s, in_place=in_place,
+                        ramp_up_s=self.ramp_up_s or 0.0, hold_down_s=self.hold_down_s or 0.0)
 
 
 def load_job_model(path: str | Path | None = None) -> JobModelFile:

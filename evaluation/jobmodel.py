@@ -19,7 +19,10 @@ capacity are constant, so the processed records have a closed form: min(backlog 
 capacity x running time), which is exact for a constant rate (the backlog drains, then follows the
 arrivals). A rescale stops the job for a restart downtime: nothing is processed, the arrivals pile
 up, the new parallelism is paid from the decision on, and the records processed since the last
-checkpoint are processed again.
+checkpoint are processed again. A job whose executors are changed in place (`in_place`) is never
+restarted: a scale-up runs at the old capacity for `ramp_up_s` (until the new executors registered;
+the new ones are paid from the decision on), a scale-down stops processing for `hold_down_s` (the
+query held between two batches), and nothing is replayed.
 
 The model produces the public `MetricReport`s the Spark reporter would send (`reports`), so the
 project's own monitor, analyze and plan code can be driven by it (see `evaluation.suite`).
@@ -81,6 +84,9 @@ class JobModel:
     checkpoint_interval_s: float = 5.0
     downtime_up_s: float = 20.0
     downtime_down_s: float = 20.0
+    in_place: bool = False  # executors changed in place (no restart): the two times below apply instead
+    ramp_up_s: float = 0.0
+    hold_down_s: float = 0.0
     # Micro-batches (fused layout): each costs a fixed batch_overhead_s of wall time beyond its work;
     # each of its tasks (one per slot) a fixed task_overhead_s of busy time beyond its records; a full
     # batch holds batch_work_s busy seconds per slot, task cost included. A saturated job runs at
@@ -102,6 +108,10 @@ class JobModel:
             raise ValueError("the task overhead must be >= 0 and less than a full batch's work")
         if self.trigger_interval_s < 0:
             raise ValueError("the trigger interval must be >= 0")
+        if min(self.downtime_up_s, self.downtime_down_s, self.ramp_up_s, self.hold_down_s) < 0:
+            raise ValueError("downtimes, the ramp and the hold must be >= 0")
+        if self.in_place and not self.fused:
+            raise ValueError("executors are changed in place for a fused (Spark) job only")
 
     def reaching(self) -> list[float]:
         """Records reaching each operator per source record (the product of upstream selectivities)."""
@@ -144,7 +154,18 @@ class JobModel:
         return self.fused and (self.batch_overhead_s > 0 or self.task_overhead_s > 0)
 
     def downtime(self, from_p: int, to_p: int) -> float:
+        """How long a rescale stops processing: a restart, or an in-place scale-down's hold."""
+        if self.in_place:
+            return 0.0 if to_p > from_p else self.hold_down_s
         return self.downtime_up_s if to_p > from_p else self.downtime_down_s
+
+    def ramp(self, from_p: int, to_p: int) -> float:
+        """How long a rescale runs at the old capacity: an in-place scale-up's executors registering."""
+        return self.ramp_up_s if self.in_place and to_p > from_p else 0.0
+
+    def busy_s(self, from_p: int, to_p: int) -> float:
+        """How long a rescale holds execute's lock (one rescale at a time): its pause, then its ramp."""
+        return self.downtime(from_p, to_p) + self.ramp(from_p, to_p)
 
 
 @dataclass
@@ -152,6 +173,8 @@ class JobState:
     parallelism: list[int]  # one per operator (all equal when fused)
     backlog: float = 0.0
     restart_until: float = -math.inf
+    ramp_until: float = -math.inf  # an in-place scale-up runs at `ramp_from`'s capacity until then
+    ramp_from: int = 0
     last_rate: float = 0.0  # processing rate of the last window (records/s), for the replay
     # Accounting over the run.
     slot_seconds: float = 0.0
@@ -177,17 +200,21 @@ class WindowOutcome:
 
 
 def rescale(model: JobModel, state: JobState, to: int | Sequence[int], at: float) -> float:
-    """Start a rescale at metric time `at`; returns its downtime."""
+    """Start a rescale at metric time `at`; returns how long it lasts (its pause and its ramp)."""
     new = [to] * len(state.parallelism) if isinstance(to, int) else list(to)
     downtime = model.downtime(state.job_parallelism, max(new))
-    # Micro-batches since the last checkpoint are processed again after the restart.
-    since_checkpoint = at % model.checkpoint_interval_s if model.checkpoint_interval_s > 0 else 0.0
-    replay = state.last_rate * since_checkpoint
-    state.backlog += replay
-    state.replayed += replay
+    ramp = model.ramp(state.job_parallelism, max(new))
+    if not model.in_place:
+        # Micro-batches since the last checkpoint are processed again after the restart.
+        since_checkpoint = at % model.checkpoint_interval_s if model.checkpoint_interval_s > 0 else 0.0
+        replay = state.last_rate * since_checkpoint
+        state.backlog += replay
+        state.replayed += replay
+    if ramp > 0:
+        state.ramp_from, state.ramp_until = state.job_parallelism, at + ramp
     state.parallelism = new
     state.restart_until = at + downtime
-    return downtime
+    return downtime + ramp
 
 
 def advance(model: JobModel, state: JobState, start: float, length_s: float, arrival_rate: float,
@@ -196,14 +223,21 @@ def advance(model: JobModel, state: JobState, start: float, length_s: float, arr
     instance's rate for this interval (noise: GC pauses, co-located load)."""
     running = max(0.0, min(length_s, start + length_s - max(start, state.restart_until)))
     capacity = model.capacity(state.parallelism if not model.fused else state.job_parallelism) * rate_factor
+    # An in-place scale-up's ramp: the old executors alone process until the new ones registered.
+    old_s = min(running, max(0.0, state.ramp_until - max(start, state.restart_until)))
+    old_capacity = model.capacity(state.ramp_from) * rate_factor if old_s > 0 else 0.0
     arrivals = arrival_rate * length_s
-    processed = min(state.backlog + arrivals, capacity * running)
+    processed = min(state.backlog + arrivals, capacity * (running - old_s) + old_capacity * old_s)
     # Floating-point round-off must not leave a backlog (and so a busy time) a hair below zero.
     state.backlog = max(0.0, state.backlog + arrivals - processed)
     paid = sum(state.parallelism) if not model.fused else state.job_parallelism
     batches = batch_time = None
     if model.fused:
-        busy = processed * model.slot_seconds_per_record(state.job_parallelism) / rate_factor
+        on_old = processed * old_capacity * old_s / (capacity * (running - old_s) + old_capacity * old_s) \
+            if old_s > 0 else 0.0
+        busy = (processed - on_old) * model.slot_seconds_per_record(state.job_parallelism) / rate_factor
+        if on_old > 0:
+            busy += on_old * model.slot_seconds_per_record(state.ramp_from) / rate_factor
         share = busy / (paid * running) if processed > 0 else 0.0
         batches = micro_batches(model, running, share) if processed > 0 else None
         if batches is not None:
@@ -256,7 +290,8 @@ def report(model: JobModel, state: JobState, job_id: str, end: float, outcome: W
     """What the job's reporter sends for an interval ending at `end` (None while it was down)."""
     if outcome.running_s <= 0:
         return None
-    p = state.job_parallelism
+    # Live, the reporter learns the new parallelism when the new executors registered.
+    p = state.ramp_from if end <= state.ramp_until else state.job_parallelism
     records = round(outcome.processed)
     reaching = model.reaching()
     out_factor = reaching[-1] * model.operators[-1].selectivity

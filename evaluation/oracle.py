@@ -15,6 +15,9 @@ Model (discrete time, steps of `dt` seconds; step i covers [i dt, (i + 1) dt)):
   the new parallelism is paid from the moment of the rescale, `replay_records` are added to the backlog
   (replay since the last checkpoint), and no other rescale may start
   until the restart is over (one rescale at a time, as execute's lock enforces).
+- Executors changed in place (`ramp_s` > 0, a scale-up's `restart_downtime_s` 0, a scale-down's hold as
+  `downtime_down_s`, no replay): a scale-up runs at the old parallelism's capacity for `ramp_s` (the new slots
+  paid from the rescale on) and blocks the next rescale meanwhile.
 - The rule: after each step (after every `check_every`-th step: a window of several steps), backlog <=
   backlog_target_s x that step's arrival rate, except for the steps that end within `grace_s` seconds after a
   rescale started (the restart and the recovery right after it).
@@ -103,6 +106,7 @@ def oracle_with_restarts(
     *,
     restart_downtime_s: float = 20.0,
     downtime_down_s: float | None = None,
+    ramp_s: float = 0.0,
     rate_factors: np.ndarray | None = None,
     replay_records: float = 0.0,
     backlog_target_s: float = 10.0,
@@ -124,7 +128,7 @@ def oracle_with_restarts(
     """
     model = _build(
         arrival_rates, capacity, dt, restart_downtime_s=restart_downtime_s, downtime_down_s=downtime_down_s,
-        rate_factors=rate_factors, replay_records=replay_records,
+        ramp_s=ramp_s, rate_factors=rate_factors, replay_records=replay_records,
         backlog_target_s=backlog_target_s, grace_s=grace_s, decision_s=decision_s,
         initial_parallelism=initial_parallelism, initial_backlog=initial_backlog, max_front=max_front,
         check_every=check_every, first_decision_s=first_decision_s, free_rescales=False,
@@ -139,6 +143,7 @@ def oracle_without_restarts(
     *,
     restart_downtime_s: float = 20.0,
     downtime_down_s: float | None = None,
+    ramp_s: float = 0.0,
     rate_factors: np.ndarray | None = None,
     replay_records: float = 0.0,
     backlog_target_s: float = 10.0,
@@ -162,7 +167,7 @@ def oracle_without_restarts(
     """
     model = _build(
         arrival_rates, capacity, dt, restart_downtime_s=restart_downtime_s, downtime_down_s=downtime_down_s,
-        rate_factors=rate_factors, replay_records=replay_records,
+        ramp_s=ramp_s, rate_factors=rate_factors, replay_records=replay_records,
         backlog_target_s=backlog_target_s, grace_s=grace_s, decision_s=decision_s,
         initial_parallelism=initial_parallelism, initial_backlog=initial_backlog, max_front=max_front,
         check_every=check_every, first_decision_s=first_decision_s, free_rescales=True,
@@ -177,6 +182,7 @@ def _build(
     *,
     restart_downtime_s: float,
     downtime_down_s: float | None,
+    ramp_s: float,
     rate_factors: np.ndarray | None,
     replay_records: float,
     backlog_target_s: float,
@@ -202,12 +208,12 @@ def _build(
     if block < 1 or abs(block * dt - decision_s) > EPSILON * max(1.0, decision_s):
         raise ValueError("decision_s must be a multiple of dt")
     down_s = restart_downtime_s if downtime_down_s is None else downtime_down_s
-    if min(restart_downtime_s, down_s, replay_records, backlog_target_s, initial_backlog) < 0:
-        raise ValueError("downtimes, replay_records, backlog_target_s and initial_backlog must be >= 0")
+    if min(restart_downtime_s, down_s, ramp_s, replay_records, backlog_target_s, initial_backlog) < 0:
+        raise ValueError("downtimes, ramp_s, replay_records, backlog_target_s and initial_backlog must be >= 0")
     factors = np.ones(len(rates)) if rate_factors is None else np.asarray(rate_factors, dtype=float)
     if factors.shape != rates.shape or not np.isfinite(factors).all() or (factors <= 0).any():
         raise ValueError("rate_factors must be one positive factor per step")
-    grace = max(restart_downtime_s, down_s) + backlog_target_s if grace_s is None else grace_s
+    grace = max(restart_downtime_s + ramp_s, down_s) + backlog_target_s if grace_s is None else grace_s
     if grace < 0:
         raise ValueError("grace_s must be >= 0")
     if not 1 <= initial_parallelism < len(cap):
@@ -225,11 +231,11 @@ def _build(
         # Skip the rule wherever some rescale's grace could: the steps ending within grace of a decision time.
         since_boundary = (np.arange(len(rates)) % block + 1) * dt
         checked &= since_boundary > grace + EPSILON
-        restart_downtime_s, down_s, grace, replay_records, block = 0.0, 0.0, 0.0, 0.0, 1
+        restart_downtime_s, down_s, ramp_s, grace, replay_records, block = 0.0, 0.0, 0.0, 0.0, 0.0, 1
     return OracleModel(
         arrivals=arrivals, limits=limits, checked=checked, capacity=cap, factors=factors,
         targets=useful_parallelisms(cap), dt=dt, block=block, downtime_s=restart_downtime_s,
-        downtime_down_s=down_s, grace_s=grace, replay=float(replay_records),
+        downtime_down_s=down_s, grace_s=grace, replay=float(replay_records), ramp_s=float(ramp_s),
         first_rescale_block=0 if free_rescales else max(0, math.ceil(first_decision_s / decision_s - EPSILON)),
         initial_parallelism=int(initial_parallelism), initial_backlog=float(initial_backlog),
         free_rescales=free_rescales,

@@ -1,7 +1,8 @@
 """The oracle's search: dynamic programming over decision blocks (see `evaluation.oracle` for the model).
 
 Algorithm: dynamic programming over decision blocks. The state at a block boundary is (parallelism, blocks
-since the last rescale, capped where a rescale no longer matters, backlog). The backlog is continuous, so per
+since the last rescale, capped where a rescale no longer matters, the parallelism before it while an in-place
+scale-up still runs at its capacity, backlog). The backlog is continuous, so per
 (parallelism, age) the DP keeps a Pareto front of (objective so far, backlog) pairs: a pair with both a lower
 objective and a lower backlog dominates, since a smaller backlog never makes any future step worse (the
 backlog update is monotone in the backlog). One block is simulated for all candidate states and parallelisms
@@ -49,13 +50,14 @@ class OracleModel:
     dt: float
     block: int  # steps per decision
     downtime_s: float  # a scale-up's restart
-    downtime_down_s: float  # a scale-down's restart
+    downtime_down_s: float  # a scale-down's restart (in place: its hold)
     grace_s: float
     replay: float
     initial_parallelism: int
     initial_backlog: float
     free_rescales: bool  # rescales cost nothing and change nothing but the parallelism: p is not state
     first_rescale_block: int = 0  # no rescale before this block (a policy first decides after a window)
+    ramp_s: float = 0.0  # in place: a scale-up runs at the old parallelism's capacity this long
 
     @property
     def steps(self) -> int:
@@ -64,20 +66,31 @@ class OracleModel:
     @property
     def age_cap(self) -> int:
         """Blocks after which a rescale neither stops processing nor suspends the rule any more."""
-        longest = max(self.downtime_s, self.downtime_down_s, self.grace_s) / (self.block * self.dt)
+        longest = max(self.downtime_s + self.ramp_s, self.downtime_down_s, self.grace_s) / (self.block * self.dt)
         return max(1, math.ceil(longest - EPSILON))
 
     def downtime(self, down: int) -> float:
         """The restart of a rescale in that direction (down: 0 up, 1 down)."""
         return self.downtime_down_s if down else self.downtime_s
 
-    def block_profile(self, age: int, length: int, down: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Running seconds and grace exemption of each step of a block that starts `age` blocks after the last
-        rescale (in direction `down`) started (age_cap: long ago, or never)."""
+    def busy_s(self, down: int) -> float:
+        """How long a rescale in that direction blocks the next one: its pause, then an in-place ramp."""
+        return self.downtime_down_s if down else self.downtime_s + self.ramp_s
+
+    def ramping(self, age: int) -> bool:
+        """Whether a block `age` blocks after a scale-up started still runs part of its ramp."""
+        return self.ramp_s > 0 and age * self.block * self.dt < self.downtime_s + self.ramp_s - EPSILON
+
+    def block_profile(self, age: int, length: int, down: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Running seconds, of them the seconds at the old capacity (an in-place scale-up's ramp), and grace
+        exemption of each step of a block that starts `age` blocks after the last rescale (in direction `down`)
+        started (age_cap: long ago, or never)."""
         since = age * self.block * self.dt + (np.arange(length) + 1) * self.dt
         running = np.clip(since - self.downtime(down), 0.0, self.dt)
+        ramp_end = 0.0 if down or age >= self.age_cap else self.downtime_s + self.ramp_s
+        old = np.clip(np.minimum(since, ramp_end) - np.maximum(since - self.dt, self.downtime_s), 0.0, self.dt)
         exempt = (since <= self.grace_s + EPSILON) & (age < self.age_cap)
-        return running, exempt
+        return running, old, exempt
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,8 +108,9 @@ def solve(
     """The DP. Returns the parallelism of each block, and the violating steps and slot-steps it believes; None
     when `feasible_only` (states that break the rule are dropped) and no state survives.
 
-    A state's key is (parallelism, blocks since the last rescale, that rescale's direction): the direction
-    sets how long the restart stops processing and blocks the next rescale."""
+    A state's key is (parallelism, blocks since the last rescale, that rescale's direction, and the parallelism
+    before it while an in-place scale-up still runs at its capacity): the direction sets how long the restart
+    stops processing and blocks the next rescale."""
     n, k, cap = model.steps, model.block, model.capacity
     targets = model.targets
     blocks = -(-n // k)
@@ -105,7 +119,8 @@ def solve(
     decision_s = k * model.dt
     profiles = {(age, length, down): model.block_profile(age, length, down)
                 for age in range(age_cap + 1) for length in {k, n % k} if length for down in (0, 1)}
-    ready_age = [math.ceil(model.downtime(down) / decision_s - EPSILON) for down in (0, 1)]
+    ready_age = [math.ceil(model.busy_s(down) / decision_s - EPSILON) for down in (0, 1)]
+    slots = len(cap)  # key digit of the parallelism before an in-place scale-up (0: none, or no longer matters)
 
     # The states at the current block boundary, and per block the kept candidates' parent and parallelism.
     obj = np.zeros(1, dtype=np.int64)
@@ -113,6 +128,7 @@ def solve(
     par = np.array([model.initial_parallelism])
     age = np.array([age_cap])
     down = np.zeros(1, dtype=np.int64)
+    before = np.zeros(1, dtype=np.int64)
     parents: list[np.ndarray] = []
     chosen: list[np.ndarray] = []
 
@@ -125,7 +141,7 @@ def solve(
         groups = []
         for a, d in {(int(a), int(d)) for a, d in zip(age.tolist(), down.tolist(), strict=True)}:
             mask = (age == a) & (down == d)
-            groups.append((a, d, hold[mask], par[mask], backlog[mask]))
+            groups.append((a, d, hold[mask], par[mask], backlog[mask], before[mask]))
         ready = np.flatnonzero(age >= np.where(down == 1, ready_age[1], ready_age[0]))
         if b < model.first_rescale_block:
             ready = ready[:0]
@@ -135,24 +151,27 @@ def solve(
             for d in (0, 1):
                 pick = is_down == bool(d)
                 if pick.any():
-                    groups.append((0, d, src[pick], q[pick], backlog[src[pick]] + model.replay))
+                    came_from = par[src[pick]] if d == 0 and model.ramp_s > 0 else np.zeros(int(pick.sum()), np.int64)
+                    groups.append((0, d, src[pick], q[pick], backlog[src[pick]] + model.replay, came_from))
 
         keys, objs, backs, srcs, qs = [], [], [], [], []
-        for a, d, g_src, g_q, start in groups:
-            running, exempt = profiles[(a, length, d)]
+        for a, d, g_src, g_q, start, g_before in groups:
+            running, old, exempt = profiles[(a, length, d)]
             cq = cap[g_q]
+            c_old = np.where(g_before > 0, cap[g_before], cq)  # the old capacity while the ramp runs
             level = start.copy()
             violations = np.zeros(len(g_src), dtype=np.int64)
             for j in range(length):
                 i = i0 + j
                 level += model.arrivals[i]
-                level -= cq * (factors[j] * running[j])
+                level -= (cq * (running[j] - old[j]) + c_old * old[j]) * factors[j]
                 np.maximum(level, 0.0, out=level)
                 if model.checked[i] and not exempt[j]:
                     violations += level > model.limits[i]
             new_age = min(a + 1, age_cap)
             new_down = d if new_age < age_cap else 0
-            keys.append((g_q.astype(np.int64) * (age_cap + 1) + new_age) * 2 + new_down)
+            kept_before = g_before if d == 0 and model.ramping(new_age) else np.zeros_like(g_before)
+            keys.append(((g_q.astype(np.int64) * (age_cap + 1) + new_age) * 2 + new_down) * slots + kept_before)
             objs.append(obj[g_src] + violations * weight + g_q.astype(np.int64) * length)
             backs.append(level)
             srcs.append(g_src)
@@ -167,8 +186,9 @@ def solve(
 
         keep, backlog = prune(key, cand_obj, cand_back, max_front, optimistic)
         obj, par = cand_obj[keep], cand_q[keep]
-        down = key[keep] % 2
-        age = (key[keep] // 2) % (age_cap + 1)
+        before = key[keep] % slots
+        down = (key[keep] // slots) % 2
+        age = (key[keep] // slots // 2) % (age_cap + 1)
         parents.append(cand_src[keep])
         chosen.append(par)
 
@@ -305,24 +325,26 @@ def replay(model: OracleModel, schedule: np.ndarray) -> Replayed:
     parallelism = np.empty(n, dtype=np.int64)
     backlog = np.empty(n)
     p, level, age, down = model.initial_parallelism, model.initial_backlog, age_cap, 0
+    before = p  # the parallelism an in-place scale-up ramps from
     violations = cost = rescales = 0
-    profiles: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+    profiles: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for b, q in enumerate(schedule.tolist()):
         i0 = b * k
         length = min(k, n - i0)
         if q != p:
             if b < model.first_rescale_block:
                 raise AssertionError("schedule rescales before its first decision")
-            if age < age_cap and age * k * model.dt < model.downtime(down) - EPSILON:
+            if age < age_cap and age * k * model.dt < model.busy_s(down) - EPSILON:
                 raise AssertionError("schedule rescales during a restart")
-            p, age, down, rescales = q, 0, int(q < p), rescales + 1
+            before, p, age, down, rescales = p, q, 0, int(q < p), rescales + 1
             level += model.replay
         if (age, length, down) not in profiles:
             profiles[(age, length, down)] = model.block_profile(age, length, down)
-        running, exempt = profiles[(age, length, down)]
+        running, old, exempt = profiles[(age, length, down)]
         for j in range(length):
             i = i0 + j
-            level = max(level + model.arrivals[i] - cap[p] * model.factors[i] * running[j], 0.0)
+            processing = cap[p] * (running[j] - old[j]) + cap[before] * old[j]
+            level = max(level + model.arrivals[i] - processing * model.factors[i], 0.0)
             if model.checked[i] and not exempt[j] and level > model.limits[i]:
                 violations += 1
             parallelism[i], backlog[i] = p, level

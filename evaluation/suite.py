@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from contracts.backends import BackendKind
 from contracts.jobs import JobConfig
 from evaluation.forecasts import FORECAST_STEP_S, forecast_stream, one_blas_thread
 from evaluation.job_models import JobModelFile, load_job_model
@@ -58,6 +59,7 @@ class EvalSettings:
     rate_noise: float | None = None  # None: the job model's
     job_model: str | None = None  # a job-model file (`autoscaler calibrate`); None: the demo job's
     regimes: tuple[Regime, ...] = REGIMES
+    backend: BackendKind = BackendKind.RESTART  # how every policy's job (and the oracle's) is rescaled
 
     def job(self) -> JobModelFile:
         return load_job_model(self.job_model)
@@ -71,7 +73,7 @@ def eval_config(settings: EvalSettings) -> JobConfig:
     """The default job configuration with the evaluation's backlog target, and the forecaster's first
     fit after 30 points (30 minutes at one a minute)."""
     return JobConfig(max_parallelism=settings.max_parallelism, forecast_min_points=30,
-                     backlog_target_s=settings.backlog_target_s)
+                     backlog_target_s=settings.backlog_target_s, scaling_backend=settings.backend)
 
 
 def baseline_parameters(name: str, compression: float) -> dict[str, float]:
@@ -93,12 +95,13 @@ def oracle_for(trace: Trace, model: JobModel, factors: np.ndarray, start: int, s
                capacities: np.ndarray) -> tuple[Any, Any]:
     """The oracle and its free-rescale relaxation in the simulator's own terms: half-window steps (the
     reporter's interval), a decision at each window's end from the first window on, the rule checked at
-    each window's end, the same noise, the restart of each direction, and the replay the simulator
-    charges (none: decisions fall on checkpoint boundaries)."""
+    each window's end, the same noise, the pause of each direction (a restart, or in place a scale-down's
+    hold), an in-place scale-up's time at the old capacity, and the replay the simulator charges (none:
+    decisions fall on checkpoint boundaries, and in place nothing is replayed)."""
     half = REPORTS_PER_WINDOW
     args: dict[str, Any] = {
-        "dt": trace.window_s / half, "restart_downtime_s": model.downtime_up_s,
-        "downtime_down_s": model.downtime_down_s, "rate_factors": np.repeat(factors, half),
+        "dt": trace.window_s / half, "restart_downtime_s": model.downtime(1, 2),
+        "downtime_down_s": model.downtime(2, 1), "ramp_s": model.ramp(1, 2), "rate_factors": np.repeat(factors, half),
         "replay_records": 0.0, "backlog_target_s": settings.backlog_target_s, "grace_s": 0.0,
         "decision_s": trace.window_s, "initial_parallelism": start, "check_every": half,
         "first_decision_s": trace.window_s,
@@ -114,7 +117,7 @@ def evaluate_case(name: str, regime: Regime, seed: int, policies: Sequence[str],
     forecasting = [p for p in policies if policy_class(p).needs_forecast]
     if forecasting:
         one_blas_thread()
-    model = settings.job().model()
+    model = settings.job().model(in_place=settings.backend is BackendKind.IN_PLACE)
     trace = load_trace(name, settings.hours, settings.peak, WINDOW_S, regime, seed, settings.scaling)
     config = eval_config(settings)
     noise = settings.noise  # read from the job-model file once per case

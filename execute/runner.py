@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from contracts.backends import ActionCost
 from contracts.messages import RescaleCommand, RunnerReport, RunnerStatus
 from contracts.plan_state import Downtimes
 from contracts.settings import Settings, get_settings
-from execute.backend import ActionCost, RunnerFatal, ScalingBackend, StartError
+from execute.backend import RunnerFatal, ScalingBackend, StartError
 from execute.commands import CommandConsumer, ReportPublisher
 from infra.kafka import JobKafka, ensure_topic
 

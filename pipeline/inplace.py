@@ -30,8 +30,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from contracts.backends import DEFAULT_DOWN_PAUSE_S, DEFAULT_RAMP_S, ActionCost, BackendKind, in_place_cost
 from contracts.plan_state import Downtimes
-from execute.backend import ActionCost, BackendKind, BackendOutcome, StartError, in_place_cost
+from execute.backend import BackendOutcome, StartError
 from pipeline.job import BuildFunction
 from pipeline.kafka_source import clear_pause, pause_between_batches, write_share
 from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
@@ -42,8 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SHARE_FILE = "admission-share"
-DEFAULT_RAMP_S = 10.0  # until measured: a new executor's JVM starting and registering on 2 cores
-DEFAULT_DOWN_PAUSE_S = 3.0  # until measured: one micro-batch finishing, then the kill
 
 
 class NotInPlace(ValueError):

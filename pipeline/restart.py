@@ -21,9 +21,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from contracts.backends import ActionCost, BackendKind, restart_cost
 from contracts.plan_state import Downtimes
 from contracts.settings import Settings, get_settings
-from execute.backend import ActionCost, BackendKind, BackendOutcome, StartError, rescale_with_rollback, restart_cost
+from execute.backend import BackendOutcome, StartError, rescale_with_rollback
 from infra.kafka import JobKafka
 from infra.security import check_entry_point
 from pipeline import offsets as off

@@ -6,9 +6,11 @@ load of the next minutes, not the last window). Pure: numpy arrays in, a schedul
 
 Model, per step k of `step_s` seconds (a rescale starts at the step's start):
 
-    downtime  = 0, or the expected restart of that direction (a scale-up's or a scale-down's)
+    downtime  = 0, or the expected pause of that direction (a scale-up's or a scale-down's restart)
+    ramp      = 0, or (in place) a scale-up's time until the new executors run: the old capacity meanwhile
     peak      = backlog + rate_k x downtime + replay         (the backlog when the restart ends)
-    backlog'  = max(0, peak + rate_k x (step_s - downtime) - capacity[p] x (step_s - downtime))
+    backlog'  = max(0, peak + rate_k x (step_s - downtime) - capacity[q] x ramp
+                       - capacity[p] x (step_s - downtime - ramp))
 
 - Cost: slot-seconds paid (p x step_s, the new slots paid from the rescale on), plus
   `action_penalty_s` per rescale, plus the work the backlog left at the horizon's end still needs
@@ -51,6 +53,7 @@ class PlanProblem:
     backlog_target_s: float
     action_penalty_s: float = 0.0
     violation_weight: float = VIOLATION_WEIGHT
+    ramp_up_s: float = 0.0  # in place: a scale-up runs at the old capacity this long (no pause, no replay)
 
     @property
     def max_parallelism(self) -> int:
@@ -64,8 +67,8 @@ class PlanProblem:
         if self.parallelism < 1:
             raise ValueError("parallelism must be >= 1")
         if self.step_s <= 0 or min(self.downtime_up_s, self.downtime_down_s, self.replay_records,
-                                   self.backlog_target_s, self.backlog, self.action_penalty_s) < 0:
-            raise ValueError("step_s must be > 0; downtimes, replay, target, backlog and penalty >= 0")
+                                   self.backlog_target_s, self.backlog, self.action_penalty_s, self.ramp_up_s) < 0:
+            raise ValueError("step_s must be > 0; downtimes, ramp, replay, target, backlog and penalty >= 0")
 
 
 @dataclass(frozen=True)
@@ -85,14 +88,16 @@ class Schedule:
         return int(self.parallelism[0])
 
 
-def _transitions(problem: PlanProblem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per (from q, to p): downtime, running seconds and whether it is a rescale, q and p in 1..max."""
+def _transitions(problem: PlanProblem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per (from q, to p): downtime, running seconds, the running seconds at q's capacity (an in-place
+    scale-up's ramp) and whether it is a rescale, q and p in 1..max."""
     n = problem.max_parallelism
     q = np.arange(1, n + 1)[:, None]
     p = np.arange(1, n + 1)[None, :]
     down = np.where(p > q, problem.downtime_up_s, np.where(p < q, problem.downtime_down_s, 0.0))
     down = np.minimum(down, problem.step_s)
-    return down, problem.step_s - down, p != q
+    ramp = np.minimum(np.where(p > q, problem.ramp_up_s, 0.0), problem.step_s - down)
+    return down, problem.step_s - down, ramp, p != q
 
 
 def solve(problem: PlanProblem, forbid_first: int | None = None, force_first: int | None = None) -> Schedule:
@@ -108,7 +113,7 @@ def solve(problem: PlanProblem, forbid_first: int | None = None, force_first: in
     n, steps, dt = problem.max_parallelism, len(problem.rates), problem.step_s
     cap = np.asarray(problem.capacity[1:], dtype=float)
     per_record = 1.0 / max(float(cap.max()) / n, EPSILON)  # slot-seconds one record of backlog needs
-    down, running, moved = _transitions(problem)
+    down, running, ramp, moved = _transitions(problem)
     slots = np.arange(1, n + 1, dtype=float)
     allowed = slots >= problem.min_parallelism
     replay = np.where(moved, problem.replay_records, 0.0)
@@ -130,9 +135,9 @@ def solve(problem: PlanProblem, forbid_first: int | None = None, force_first: in
         limit = problem.backlog_target_s * rate
         live = np.flatnonzero(np.isfinite(cost))  # only reachable states are sources
         src_p = source_p[live]
-        d, run, mv = down[src_p], running[src_p], moved[src_p]  # (source, p)
+        d, run, ramped, mv = down[src_p], running[src_p], ramp[src_p], moved[src_p]  # (source, p)
         peak = backlog[live, None] + rate * d + replay[src_p]
-        after = np.maximum(peak + (rate - cap[None, :]) * run, 0.0)
+        after = np.maximum(peak + rate * run - cap[None, :] * (run - ramped) - cap[src_p, None] * ramped, 0.0)
         # A restart's peak counts (arrivals pile up while it runs); without one the backlog only falls
         # from where the previous step left it.
         over = np.where(mv, np.maximum(peak - limit, 0.0), 0.0) + np.maximum(after - limit, 0.0)

@@ -14,7 +14,9 @@ plans with, each an estimate on the safe side:
   show (DS2's rate falls at small batches: a task has a fixed cost), times the share of a full batch
   its slots spend on records (a fixed cost per batch), all measured online;
 - actions: the measured restart time of each direction (the plan state's downtimes), the replay
-  since the last checkpoint (half a checkpoint interval of arrivals), and a penalty per action.
+  since the last checkpoint (half a checkpoint interval of arrivals), and a penalty per action; for a
+  job whose executors are changed in place (`scaling_backend`), a scale-up's measured time at the old
+  capacity and a scale-down's hold, with nothing replayed (`contracts.backends`).
 
 After a rescale it measures the new parallelism for FIT_MIN_WINDOWS windows before it plans again,
 unless the backlog heads beyond its target. A scale-down within the job's `scale_down_delay_s` of a
@@ -39,6 +41,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.backends import planned_costs
 from contracts.jobs import JobConfig, parse_planned_capacity
 from contracts.messages import Action, Analysis, DecisionReason, ForecastView
 from contracts.periods import excluded_at, parse_periods
@@ -319,12 +322,14 @@ class CostPlanner:
                               {p: c / efficiency for p, c in planned.items()}, config.planned_capacity_error)
         capacity = capacity * efficiency
         up, down = downtimes_expected(state.downtimes, config)
-        replay = (analysis.arrival_rate or 0.0) * config.checkpoint_interval_s / 2
+        costs = planned_costs(config.scaling_backend, state.downtimes, up, down,
+                              (analysis.arrival_rate or 0.0) * config.checkpoint_interval_s / 2)
         return PlanProblem(
             parallelism=analysis.parallelism, backlog=float(analysis.backlog or 0), rates=rates, step_s=self.step_s,
-            capacity=capacity, min_parallelism=config.min_parallelism, downtime_up_s=up, downtime_down_s=down,
-            replay_records=replay, backlog_target_s=config.backlog_target_s,
-            action_penalty_s=self.action_penalty_slot_s,
+            capacity=capacity, min_parallelism=config.min_parallelism, downtime_up_s=costs.up_pause_s,
+            downtime_down_s=costs.down_pause_s, replay_records=costs.replay_records,
+            backlog_target_s=config.backlog_target_s, action_penalty_s=self.action_penalty_slot_s,
+            ramp_up_s=min(costs.up_ramp_s, config.restart_time_cap_s),
         )
 
     def _plan(self, memory: PlannerMemory, analysis: Analysis, config: JobConfig, state: PlanState

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contracts.backends import DEFAULT_RAMP_S, BackendKind, planned_costs
 from contracts.jobs import JobConfig, Mode
 from contracts.messages import Action, Analysis, ForecastView
-from contracts.plan_state import PlanState
+from contracts.plan_state import Downtimes, PlanState
 from evaluation.job_models import demo_model
 from evaluation.simulator import PolicyRun, PolicyRunner, rate_factors, simulate
 from evaluation.traces import load_trace
@@ -30,7 +31,7 @@ def problem(rates: list[float], current: int = 2, backlog: float = 0.0, per_slot
                        capacity=np.arange(max_parallelism + 1) * per_slot, min_parallelism=1,
                        downtime_up_s=kw.get("up", 20.0), downtime_down_s=kw.get("down", 10.0),
                        replay_records=kw.get("replay", 0.0), backlog_target_s=kw.get("target", 60.0),
-                       action_penalty_s=kw.get("penalty", 30.0))
+                       action_penalty_s=kw.get("penalty", 30.0), ramp_up_s=kw.get("ramp", 0.0))
 
 
 def replay(pr: PlanProblem, schedule: list[int]) -> tuple[float, float, list[float]]:
@@ -39,8 +40,10 @@ def replay(pr: PlanProblem, schedule: list[int]) -> tuple[float, float, list[flo
     b, q, cost, violation, levels = pr.backlog, pr.parallelism, 0.0, 0.0, []
     for rate, p in zip(pr.rates, schedule, strict=True):
         down = 0.0 if p == q else min(pr.step_s, pr.downtime_up_s if p > q else pr.downtime_down_s)
+        ramp = min(pr.ramp_up_s, pr.step_s - down) if p > q else 0.0  # at q's capacity
         peak = b + rate * down + (pr.replay_records if p != q else 0.0)
-        b = max(0.0, peak + (rate - pr.capacity[p]) * (pr.step_s - down))
+        b = max(0.0, peak + rate * (pr.step_s - down) - pr.capacity[p] * (pr.step_s - down - ramp)
+                - pr.capacity[q] * ramp)
         limit = pr.backlog_target_s * rate
         excess = ((max(0.0, peak - limit) if p != q else 0.0) + max(0.0, b - limit)) / max(rate, 1.0)
         cost += p * pr.step_s + (pr.action_penalty_s if p != q else 0.0) + pr.violation_weight * excess
@@ -69,6 +72,30 @@ def test_it_scales_up_ahead_of_a_forecast_rise_only_when_waiting_would_break_the
     assert schedule.parallelism[5:7].max() == 6 and schedule.violation_s == 0
 
 
+def test_executors_changed_in_place_make_a_scale_up_cheaper_than_a_restart_so_it_can_wait_longer() -> None:
+    # A rise from 150 to 700 rec/s in the fourth minute, a 60 s backlog target, 2 of 8 slots now. A restart
+    # stops the job for 40 s and replays: the planner scales up a step before the rise. In place, the old slots
+    # keep running while the new executors register (15 s): the rise is met when it comes, for less.
+    rising = [150.0] * 3 + [700.0] * 20
+    restart = solve(problem(rising, current=2, max_parallelism=8, penalty=300.0, up=40.0, replay=2000.0))
+    in_place = solve(problem(rising, current=2, max_parallelism=8, penalty=300.0, up=0.0, down=1.0, ramp=15.0))
+    assert restart.violation_s == 0 and in_place.violation_s == 0
+    first_up = [int(np.argmax(s.parallelism > 2)) for s in (restart, in_place)]
+    assert first_up == [2, 3]
+    assert in_place.cost < restart.cost
+
+
+def test_the_in_place_costs_planned_are_the_backends_learned_ones() -> None:
+    measured = Downtimes(up=[11.0, 13.0], down=[0.4])
+    in_place = planned_costs(BackendKind.IN_PLACE, measured, 30.0, 20.0, 500.0)
+    assert (in_place.up_pause_s, in_place.up_ramp_s, in_place.down_pause_s, in_place.replay_records) == \
+        (0.0, 13.0, 0.4, 0.0)
+    restart = planned_costs(BackendKind.RESTART, measured, 30.0, 20.0, 500.0)
+    assert (restart.up_pause_s, restart.up_ramp_s, restart.down_pause_s, restart.replay_records) == \
+        (30.0, 0.0, 20.0, 500.0)
+    assert planned_costs(BackendKind.IN_PLACE, Downtimes(), 30.0, 20.0, 500.0).up_ramp_s == DEFAULT_RAMP_S
+
+
 def test_the_schedules_backlog_and_cost_are_the_models() -> None:
     pr = problem([150.0, 420.0, 420.0, 90.0, 90.0, 300.0], current=2, backlog=3000.0, replay=500.0)
     schedule = solve(pr)
@@ -79,10 +106,10 @@ def test_the_schedules_backlog_and_cost_are_the_models() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(rates=st.lists(st.floats(0.0, 600.0), min_size=1, max_size=4), current=st.integers(1, 4),
-       backlog=st.floats(0.0, 20_000.0), target=st.floats(5.0, 120.0))
+       backlog=st.floats(0.0, 20_000.0), target=st.floats(5.0, 120.0), ramp=st.sampled_from([0.0, 15.0, 90.0]))
 def test_the_planned_cost_is_the_cost_of_its_schedule(rates: list[float], current: int, backlog: float,
-                                                      target: float) -> None:
-    pr = problem(rates, current=current, backlog=backlog, max_parallelism=4, target=target)
+                                                      target: float, ramp: float) -> None:
+    pr = problem(rates, current=current, backlog=backlog, max_parallelism=4, target=target, ramp=ramp)
     planned = solve(pr)
     cost, violation, levels = replay(pr, planned.parallelism.tolist())
     assert planned.cost == pytest.approx(cost) and planned.violation_s == pytest.approx(violation, abs=1e-9)

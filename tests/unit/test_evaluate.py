@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from contracts.backends import BackendKind
 from evaluation.cli import evaluate_command
-from evaluation.job_models import demo_model
+from evaluation.job_models import demo_job_model, demo_model
 from evaluation.simulator import (
     REPORTS_PER_WINDOW,
     WINDOW_S,
@@ -157,11 +158,15 @@ def test_a_case_runs_every_policy_and_the_oracle_on_the_same_load_and_noise() ->
     assert set(result["timelines"]) == {"static", "default", "ds2", "oracle"}
 
 
-def test_the_oracles_schedule_replayed_in_the_simulator_keeps_the_target_at_the_cost_it_computed() -> None:
-    settings = EvalSettings(hours=2.0, peak=1000.0)
+@pytest.mark.parametrize("backend", list(BackendKind))
+def test_the_oracles_schedule_replayed_in_the_simulator_keeps_the_target_at_the_cost_it_computed(
+        backend: BackendKind) -> None:
+    """The oracle's model is the simulator's, restarts or executors changed in place (a scale-up at the old
+    capacity while its executors register, a scale-down's hold): its schedule replays to the same cost."""
+    settings = EvalSettings(hours=2.0, peak=1000.0, backend=backend)
     for name, regime, seed in (("steps", "compressed", 0), ("wiki", "real-time", 3), ("drop", "compressed", 1)):
         trace = load_trace(name, settings.hours, settings.peak, WINDOW_S, regime, seed)
-        model = demo_model()
+        model = demo_job_model().model(in_place=backend is BackendKind.IN_PLACE)
         factors = rate_factors(len(trace.rates), seed, settings.rate_noise)
         start = start_parallelism(model, trace.rates, settings.max_parallelism)
         capacities = np.array([0.0, *(model.capacity(p) for p in range(1, settings.max_parallelism + 1))])
@@ -173,6 +178,8 @@ def test_the_oracles_schedule_replayed_in_the_simulator_keeps_the_target_at_the_
         assert run.beyond_target_s == 0, (name, regime)
         assert run.slot_seconds == pytest.approx(oracle.slot_seconds)
         assert run.actions == oracle.rescales
+        np.testing.assert_allclose(run.timeline.backlog, oracle.backlog[REPORTS_PER_WINDOW - 1::REPORTS_PER_WINDOW],
+                                   rtol=1e-6, atol=1e-3)
 
 
 @settings(max_examples=6, deadline=None)
@@ -237,6 +244,16 @@ def test_the_command_refuses_an_unknown_policy(tmp_path: Path) -> None:
     result = CliRunner().invoke(evaluate_app, ["--policy", "magic", "--json", str(tmp_path / "x.json")])
     assert result.exit_code != 0
     assert "unknown policy" in result.output
+
+
+def test_the_command_refuses_an_unknown_backend_and_a_job_model_without_in_place_times(tmp_path: Path) -> None:
+    result = CliRunner().invoke(evaluate_app, ["--backend", "teleport", "--json", str(tmp_path / "x.json")])
+    assert result.exit_code != 0 and "choose restart or inplace" in result.output
+    bare = demo_job_model().model_copy(update={"ramp_up_s": None, "hold_down_s": None})
+    (tmp_path / "job.json").write_text(bare.model_dump_json())
+    result = CliRunner().invoke(evaluate_app, ["--backend", "inplace", "--job-model", str(tmp_path / "job.json"),
+                                               "--json", str(tmp_path / "x.json")])
+    assert result.exit_code != 0 and "no in-place times" in result.output
 
 
 def test_noise_is_reproducible() -> None:

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.job_cli import choose_backend
+from contracts.backends import BackendKind, in_place_cost
 from contracts.plan_state import Downtimes
-from execute.backend import BackendKind, in_place_cost
 from pipeline.inplace import InPlaceExecutors, NotInPlace, can_change_in_place, executors_to_remove
 from pipeline.kafka_source import read_share, write_share
 from pipeline.restart import RestartFromCheckpoint, SparkJobConfig

@@ -35,14 +35,16 @@ class Instance:
     grace_s: float | None
     initial_parallelism: int
     initial_backlog: float
+    ramp_s: float = 0.0  # in place: a scale-up runs at the old capacity this long after its downtime
 
     @property
     def grace(self) -> float:
-        return self.downtime_s + self.target_s if self.grace_s is None else self.grace_s
+        return self.downtime_s + self.ramp_s + self.target_s if self.grace_s is None else self.grace_s
 
     def kwargs(self) -> dict[str, float | int | None]:
         return dict(
-            restart_downtime_s=self.downtime_s, replay_records=self.replay, backlog_target_s=self.target_s,
+            restart_downtime_s=self.downtime_s, ramp_s=self.ramp_s, replay_records=self.replay,
+            backlog_target_s=self.target_s,
             grace_s=self.grace_s, decision_s=self.decision_s, initial_parallelism=self.initial_parallelism,
             initial_backlog=self.initial_backlog,
         )
@@ -69,17 +71,23 @@ def simulate(
     at any step, no downtime, no replay, no grace; the rule only at the `checked` steps."""
     block = round(inst.decision_s / DT) if restarts else 1
     downtime, replay, grace = (inst.downtime_s, inst.replay, inst.grace) if restarts else (0.0, 0.0, -1.0)
+    ramp = inst.ramp_s if restarts else 0.0
     targets = useful(inst.capacity)
     p, level, last = inst.initial_parallelism, inst.initial_backlog, -math.inf
+    before, busy, ramp_end = p, 0.0, -math.inf
     backlog, violations, rescales, paid = [], 0, 0, 0.0
     for i, q in enumerate(per_step):
         start, end = i * DT, (i + 1) * DT
         if q != p:
-            if i % block or start < last + downtime - 1e-9 or q not in targets:
+            if i % block or start < last + busy - 1e-9 or q not in targets:
                 return None
-            p, last, level, rescales = q, start, level + replay, rescales + 1
+            busy = downtime + (ramp if q > p else 0.0)
+            ramp_end = start + busy if q > p else -math.inf
+            before, p, last, level, rescales = p, q, start, level + replay, rescales + 1
         running = min(DT, max(0.0, end - (last + downtime)))
-        level = max(0.0, level + inst.rates[i] * DT - inst.capacity[p] * running)
+        old = min(running, max(0.0, min(end, ramp_end) - max(start, last + downtime)))  # at the old capacity
+        level = max(0.0, level + inst.rates[i] * DT - inst.capacity[p] * (running - old)
+                    - inst.capacity[before] * old)
         in_grace = end - last <= grace + 1e-9
         if not in_grace and (checked is None or checked[i]) and level > inst.target_s * inst.rates[i] + 1e-6:
             violations += 1
@@ -158,6 +166,7 @@ def instances(draw: st.DrawFn, max_steps: int = 5, max_parallelism: int = 4, dec
         grace_s=draw(st.sampled_from([None, 0.0, 10.0, 35.0])),
         initial_parallelism=draw(st.integers(1, top)),
         initial_backlog=draw(st.sampled_from([0.0, 300.0])),
+        ramp_s=draw(st.sampled_from([0.0, 0.0, 5.0, 15.0, 25.0])),
     )
 
 

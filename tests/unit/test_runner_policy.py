@@ -4,9 +4,10 @@ import json
 
 import pytest
 
+from contracts.backends import ActionCost, restart_cost
 from contracts.messages import RescaleCommand, RunnerReport, RunnerStatus
 from contracts.plan_state import Downtimes
-from execute.backend import ActionCost, RunnerFatal, StartError, rescale_with_rollback, restart_cost
+from execute.backend import RunnerFatal, StartError, rescale_with_rollback
 from execute.runner import APPLIED_KEPT, RunnerState, Verdict
 from pipeline.restart import first_batch_done, query_name
 

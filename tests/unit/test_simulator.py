@@ -100,6 +100,36 @@ def test_a_restart_stops_processing_for_exactly_the_downtime_and_pays_the_new_sl
     assert result.final_backlog == pytest.approx(0)
 
 
+def in_place(per_slot: float = 100.0, ramp: float = 15.0, hold: float = 2.0, checkpoint: float = 5.0) -> JobModel:
+    return JobModel((Operator("job", per_slot),), checkpoint_interval_s=checkpoint, downtime_up_s=20.0,
+                    downtime_down_s=20.0, in_place=True, ramp_up_s=ramp, hold_down_s=hold)
+
+
+def test_an_in_place_scale_up_runs_at_the_old_capacity_until_its_executors_registered_and_replays_nothing() -> None:
+    policy = Script({100.0: 15})
+    result = run(trace(*[1000.0] * 10, *[1400.0] * 20), policy, 12, in_place())
+    # The load steps up at 100 s. Until 115 s the 12 old slots run (1,200/s against 1,400/s): 3,000 records wait, then
+    # 1,500/s drain them at 100/s net. No pause, no replay (a restart would stop 20 s and replay its checkpoint).
+    assert result.timeline.backlog[9:13] == pytest.approx([0, 2_000, 2_500, 1_500])
+    assert result.timeline.backlog[-1] == pytest.approx(0) and result.final_backlog == pytest.approx(0)
+    assert policy.completed == [(12, 15, 15.0, 115.0)]  # what execute records: the time to new capacity
+    assert result.slot_seconds == 12 * 100 + 15 * 200  # the new executors are paid from the request on
+    # The reporter learns the new parallelism once they registered: the windows of the ramp report the old one.
+    reported = {t: a.parallelism for t, _, a in policy.calls}
+    assert (reported[110.0], reported[120.0]) == (12, 15)
+    # Every window is reported (nothing stopped), and the policy is told a rescale is in flight meanwhile.
+    assert [t for t, rescaling, _ in policy.calls if rescaling] == [110.0]
+
+
+def test_an_in_place_scale_down_stops_processing_only_for_its_hold() -> None:
+    policy = Script({100.0: 8})
+    result = run(trace(700.0, windows=20), policy, 12, in_place(hold=2.0))
+    # 2 s held: 1,400 records wait, then 800/s drain them at 100/s net.
+    assert result.timeline.backlog[9:11] == pytest.approx([0, 1_400 - 800])
+    assert policy.completed == [(12, 8, 2.0, 102.0)]
+    assert result.slot_seconds == 12 * 100 + 8 * 100
+
+
 def test_no_window_closes_while_the_job_is_stopped_and_the_next_one_follows_the_restart() -> None:
     policy = Script({100.0: 15, 130.0: 20}, while_rescaling=30)
     result = run(trace(1000.0, windows=20), policy, 12)
