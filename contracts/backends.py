@@ -85,3 +85,15 @@ def planned_costs(kind: BackendKind, measured: Downtimes, restart_up_s: float, r
         hold = in_place_cost(2, 1, measured, DEFAULT_RAMP_S, DEFAULT_DOWN_PAUSE_S).pause_s
         return PlannedCosts(up_pause_s=0.0, down_pause_s=hold, up_ramp_s=ramp, replay_records=0.0)
     return PlannedCosts(restart_up_s, restart_down_s, 0.0, restart_replay_records)
+
+
+def backend_in_use(configured: BackendKind, reported: str | None) -> tuple[BackendKind, str | None]:
+    """The way the job is really rescaled: what its runner last reported, else what its configuration
+    says; with a note for the decision's reason when they differ (a runner asked to change executors in
+    place falls back to restarts where it cannot, e.g. in local mode)."""
+    if reported is None or reported == configured.value:
+        return configured, None
+    actual = BackendKind(reported)
+    why = " (it cannot change executors in place here, e.g. in local mode)" if actual is BackendKind.RESTART else ""
+    return actual, (f"planned with {actual.value} costs: the job runner reports that it rescales this job by "
+                    f"{actual.value}, not {configured.value} as configured{why}")

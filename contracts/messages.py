@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from contracts.backends import BackendKind
+
 JobId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
 OperatorId = Annotated[str, Field(min_length=1, max_length=128)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -353,6 +355,8 @@ class RunnerReport(Contract):
     error: str | None = None
     rolled_back_to: Parallelism | None = None
     timestamp: float = Field(default_factory=time.time)
+    backend: BackendKind | None = Field(
+        None, description="How the runner changes the job: `restart` (from the checkpoint) or `in_place` (executors).")
 
 
 # ---------------------------------------------------------------- output: scaling events

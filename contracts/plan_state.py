@@ -134,6 +134,8 @@ class PlanState(BaseModel):
     stale_budget: int = Field(0, description="How many stale windows may still be dropped.")
     last_rescale_at: float | None = Field(None, description="When the last rescale ended (the runner's clock).")
     downtimes: Downtimes = Field(default_factory=Downtimes)
+    backend: Literal["restart", "in_place"] | None = Field(
+        None, description="How the job runner changes the job, as it last reported (`contracts.backends`).")
     # Written by plan, every window.
     window_parallelism: int | None = None
     windows_at_parallelism: int = 0
@@ -166,15 +168,17 @@ class PlanState(BaseModel):
                                        for name, value in changes.items()})
 
     def after_rescale(self, running: int, completed_at: float, downtime_s: float | None,
-                      direction: Literal["up", "down"] | None) -> PlanState:
+                      direction: Literal["up", "down"] | None, backend: str | None = None) -> PlanState:
         """What execute records when the runner reports the end of a rescale: the parallelism that
-        runs, the stale windows to drop, when it ended and, for a completed rescale, its downtime."""
+        runs, the stale windows to drop, when it ended, for a completed rescale its downtime, and how
+        the runner changed the job (`backend`, when it said)."""
         downtimes = self.downtimes
         if downtime_s is not None and direction is not None:
             downtimes = downtimes.add(direction, downtime_s)
         return self.model_copy(update={
             "parallelism": running, "expected_parallelism": running, "stale_budget": STALE_WINDOW_BUDGET,
             "last_rescale_at": completed_at, "downtimes": downtimes,
+            "backend": _field_adapter("backend").validate_python(backend) if backend is not None else self.backend,
         })
 
     # ---------------------------------------------------------------- storage

@@ -76,9 +76,11 @@ class PolicyRunner:
             return None
         return plan.to_parallelism
 
-    def on_rescaled(self, from_parallelism: int, to_parallelism: int, downtime_s: float, completed_at: float) -> None:
+    def on_rescaled(self, from_parallelism: int, to_parallelism: int, downtime_s: float, completed_at: float,
+                    backend: str | None = None) -> None:
         direction = "up" if to_parallelism > from_parallelism else "down"
-        run_now(self.knowledge.record_rescale_end(self.job_id, to_parallelism, completed_at, downtime_s, direction))
+        run_now(self.knowledge.record_rescale_end(self.job_id, to_parallelism, completed_at, downtime_s, direction,
+                                                  backend))
 
     def planned_capacity(self, analysis: Analysis) -> float | None:
         return self.policy.planned_capacity(analysis, self.config)
@@ -100,7 +102,8 @@ class ScheduleRunner:
         i = round((analysis.window_end - EPOCH) / self.window_s)
         return self.per_window[i] if i < len(self.per_window) else None
 
-    def on_rescaled(self, from_parallelism: int, to_parallelism: int, downtime_s: float, completed_at: float) -> None:
+    def on_rescaled(self, from_parallelism: int, to_parallelism: int, downtime_s: float, completed_at: float,
+                    backend: str | None = None) -> None:
         return None
 
     def planned_capacity(self, analysis: Analysis) -> float | None:
@@ -235,7 +238,9 @@ def simulate(
                 window, _ = add_report(window, sent, w)
         if pending_completion is not None and pending_completion[2] <= end:
             from_p, downtime, completed_at = pending_completion
-            policy.on_rescaled(from_p, state.job_parallelism, downtime, completed_at)
+            # As the job runner reports it: how it changed the job.
+            policy.on_rescaled(from_p, state.job_parallelism, downtime, completed_at,
+                               "in_place" if model.in_place else "restart")
             pending_completion = None
         restarting = pending_completion is not None
         true_capacity = model.capacity(state.parallelism if not model.fused else state.job_parallelism)

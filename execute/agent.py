@@ -160,6 +160,7 @@ class ExecuteAgent:
         await self.knowledge.record_rescale_end(
             job, report.running_parallelism, report.timestamp,
             report.downtime_s if completed else None, "up" if up else "down",
+            report.backend.value if report.backend is not None else None,
         )
         await self.emit(ScalingEvent(
             event_id=event_id(report.decision_id, "outcome"),

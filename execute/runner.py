@@ -314,6 +314,7 @@ class Runner:
             downtime_s=downtime_s,
             error=error,
             rolled_back_to=rolled_back_to,
+            backend=self.job.kind,
         )
 
     def expected_cost(self, target: int) -> ActionCost:

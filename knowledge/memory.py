@@ -180,10 +180,10 @@ class MemoryKnowledge:
 
     async def record_rescale_end(
         self, job_id: str, running: int, completed_at: float, downtime_s: float | None,
-        direction: Literal["up", "down"] | None,
+        direction: Literal["up", "down"] | None, backend: str | None = None,
     ) -> PlanState:
         before = await self.plan_state(job_id)
-        after = before.after_rescale(running, completed_at, downtime_s, direction)
+        after = before.after_rescale(running, completed_at, downtime_s, direction, backend)
         self._state[job_id].update({**after.changed_fields(before), "version": str(PLAN_STATE_VERSION)})
         return after
 

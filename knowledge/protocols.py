@@ -116,9 +116,10 @@ class PlanStates(Protocol):
 
     async def record_rescale_end(
         self, job_id: str, running: int, completed_at: float, downtime_s: float | None,
-        direction: Literal["up", "down"] | None,
+        direction: Literal["up", "down"] | None, backend: str | None = None,
     ) -> PlanState:
-        """What execute records when a rescale ends (see `PlanState.after_rescale`)."""
+        """What execute records when a rescale ends (see `PlanState.after_rescale`), with how the runner
+        changed the job (`backend`) when it said."""
         ...
 
 

@@ -192,7 +192,7 @@ class RedisJobs(RedisBase):
 
     async def record_rescale_end(
         self, job_id: str, running: int, completed_at: float, downtime_s: float | None,
-        direction: Literal["up", "down"] | None,
+        direction: Literal["up", "down"] | None, backend: str | None = None,
     ) -> PlanState:
         state_key = self._key(job_id, "state")
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -203,7 +203,7 @@ class RedisJobs(RedisBase):
                     if PlanState.load(await pipe.hgetall(state_key)) != before:
                         await pipe.unwatch()
                         continue  # plan committed meanwhile: start again from its state
-                    after = before.after_rescale(running, completed_at, downtime_s, direction)
+                    after = before.after_rescale(running, completed_at, downtime_s, direction, backend)
                     pipe.multi()
                     pipe.hset(state_key, mapping={**after.changed_fields(before), "version": str(PLAN_STATE_VERSION)})
                     await pipe.execute()

@@ -91,11 +91,13 @@ async def plan_state_keeps_what_plan_and_execute_write_and_only_that(k: Knowledg
     planned = before.updated({"window_parallelism": 2, "windows_at_parallelism": 3, "rescale_decided_at": 990.0})
     assert await k.commit_window(job, "plan", 1000.0, json.dumps({"window_end": 1000.0}),
                                  state_fields=planned.changed_fields(before))
-    ended = await k.record_rescale_end(job, 4, 1005.0, 21.5, "up")
+    ended = await k.record_rescale_end(job, 4, 1005.0, 21.5, "up", "in_place")
     assert (ended.parallelism, ended.expected_parallelism, ended.stale_budget) == (4, 4, STALE_WINDOW_BUDGET)
     assert ended.downtimes.up == [21.5] and ended.window_parallelism == 2  # plan's fields kept
+    assert ended.backend == "in_place"  # how the runner said it changed the job
     failed = await k.record_rescale_end(job, 4, 1009.0, None, "down")  # a failed rescale: no downtime
     assert failed.downtimes.down == [] and failed.last_rescale_at == 1009.0
+    assert failed.backend == "in_place"  # a report that does not say keeps what the last one said
     # Plan writes only what it changed: execute's fields survive a later plan commit.
     later = failed.updated({"windows_at_parallelism": 4})
     await k.commit_window(job, "plan", 1010.0, json.dumps({"window_end": 1010.0}),

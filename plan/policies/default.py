@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.backends import planned_costs
+from contracts.backends import backend_in_use, planned_costs
 from contracts.jobs import JobConfig, parse_planned_capacity
 from contracts.messages import Action, Analysis, DecisionReason, ForecastView
 from contracts.periods import excluded_at, parse_periods
@@ -322,7 +322,7 @@ class CostPlanner:
                               {p: c / efficiency for p, c in planned.items()}, config.planned_capacity_error)
         capacity = capacity * efficiency
         up, down = downtimes_expected(state.downtimes, config)
-        costs = planned_costs(config.scaling_backend, state.downtimes, up, down,
+        costs = planned_costs(backend_in_use(config.scaling_backend, state.backend)[0], state.downtimes, up, down,
                               (analysis.arrival_rate or 0.0) * config.checkpoint_interval_s / 2)
         return PlanProblem(
             parallelism=analysis.parallelism, backlog=float(analysis.backlog or 0), rates=rates, step_s=self.step_s,
@@ -357,6 +357,9 @@ class CostPlanner:
                        f"; next best ({alternative.first} now) {alternative.cost:,.0f}" if alternative else ""))
         if chosen.violation_s > 0:
             message += f"; expects {chosen.violation_s:.0f} s of arrivals beyond the backlog target at best"
+        fallback = backend_in_use(config.scaling_backend, state.backend)[1]
+        if fallback is not None:
+            message += f"; {fallback}"
         if target == current:
             return hold(current, "planned_hold", message, rule=self.name, **numbers), {}
         if len(memory.level.points) < LEVEL_WINDOWS and (

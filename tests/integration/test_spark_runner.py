@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from contracts.backends import BackendKind
 from contracts.messages import MetricReport, RescaleCommand, RunnerReport, RunnerStatus
 from contracts.settings import Settings, Topics
 from execute.runner import Runner, RunnerConfig, RunnerState
@@ -108,6 +109,7 @@ def test_runner_rescales_on_command_and_output_is_exactly_once(broker: Service, 
     completed = done[1]
     assert (completed.from_parallelism, completed.to_parallelism, completed.running_parallelism) == (1, 3, 3)
     assert completed.downtime_s is not None and 0 < completed.downtime_s < 60
+    assert all(r.backend is BackendKind.RESTART for r in done)  # the runner says how it changes the job
     assert done[2] == completed  # the recorded outcome, re-published
 
     ids = [i for b in batches for i in b["ids"]]

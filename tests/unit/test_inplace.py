@@ -4,17 +4,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import typer
 from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.job_cli import choose_backend
-from contracts.backends import BackendKind, in_place_cost
+from contracts.backends import BackendKind, backend_in_use, in_place_cost
+from contracts.jobs import JobConfig
 from contracts.plan_state import Downtimes
+from evaluation.job_models import demo_model
+from evaluation.simulator import PolicyRunner, simulate
+from evaluation.traces import Trace
+from knowledge.memory import run_now
 from pipeline.inplace import InPlaceExecutors, NotInPlace, can_change_in_place, executors_to_remove
 from pipeline.kafka_source import read_share, write_share
 from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
+from plan.policies.default import CostPlanner
 
 
 @given(st.sets(st.integers(0, 500), min_size=1, max_size=40), st.integers(0, 45))
@@ -86,3 +93,26 @@ def test_a_cluster_rescales_in_place_with_the_task_count_fixed_at_the_maximum(tm
         choose_backend("inplace", cluster, None)
     with pytest.raises(typer.BadParameter):
         choose_backend("elastic", cluster, 6)
+
+
+def test_the_backend_in_use_is_what_the_runner_reports_and_a_fallback_is_said() -> None:
+    assert backend_in_use(BackendKind.IN_PLACE, None) == (BackendKind.IN_PLACE, None)
+    assert backend_in_use(BackendKind.RESTART, "restart") == (BackendKind.RESTART, None)
+    kind, note = backend_in_use(BackendKind.IN_PLACE, "restart")
+    assert kind is BackendKind.RESTART and note is not None and "local mode" in note
+
+
+def test_a_job_configured_in_place_whose_runner_restarts_it_is_planned_with_restart_costs_saying_so() -> None:
+    """A runner asked for in place that falls back (local mode) reports `restart`; from then on the default
+    planner plans with restart costs and each decision's reason says why."""
+    load = Trace("step", np.array([300.0] * 30 + [900.0] * 60), 10.0, "a step")
+    config = JobConfig(max_parallelism=8, scaling_backend=BackendKind.IN_PLACE)
+    runner = PolicyRunner(CostPlanner(), config)
+    simulate(load, demo_model(), runner, config, 2, backlog_target_s=60.0, rate_noise=0.0)
+    assert runner.state.backend == "restart"
+    decisions = run_now(runner.knowledge.decisions("eval", limit=1000))
+    planned = sorted((d for d in decisions if d["reason"]["code"] != "learning"), key=lambda d: d["window_end"])
+    assert planned
+    noted = ["planned with restart costs" in d["reason"]["message"] for d in planned]
+    # The note appears once the runner has said how it rescales (after the first rescale), and stays.
+    assert not noted[0] and any(noted) and noted == sorted(noted)

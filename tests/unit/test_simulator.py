@@ -47,7 +47,8 @@ class Script:
         self.calls.append((t, rescaling, analysis))
         return self.while_rescaling if rescaling else self.plan.get(t)
 
-    def on_rescaled(self, from_parallelism: int, to_parallelism: int, downtime_s: float, completed_at: float) -> None:
+    def on_rescaled(self, from_parallelism: int, to_parallelism: int, downtime_s: float, completed_at: float,
+                    backend: str | None = None) -> None:
         self.completed.append((from_parallelism, to_parallelism, downtime_s, completed_at - EPOCH))
 
     def planned_capacity(self, analysis: Analysis) -> float | None:
