@@ -7,10 +7,12 @@ directly (SPARK_HOME = the installed pyspark package). Each is a child process i
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from stack.processes import Service, free_port, spawn, stop_pid, wait_for_port
 
@@ -37,16 +39,24 @@ class StandaloneCluster:
     def url(self) -> str:
         return f"spark://{self.master.host}:{self.master.port}"
 
-    def alive_cores(self) -> int:
-        """Cores of the workers the master lists as alive (its JSON status page)."""
-        import json
-
+    def status(self) -> dict[str, Any]:
+        """The master's JSON status page; empty while it is not up."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as answer:
-                status = json.load(answer)
-        except (OSError, ValueError):  # the master's page is not up yet
-            return 0
-        return int(sum(w.get("cores", 0) for w in status.get("workers", []) if w.get("state") == "ALIVE"))
+                return dict(json.load(answer))
+        except (OSError, ValueError):
+            return {}
+
+    def alive_cores(self) -> int:
+        """Cores of the workers the master lists as alive."""
+        workers = self.status().get("workers", [])
+        return int(sum(w.get("cores", 0) for w in workers if w.get("state") == "ALIVE"))
+
+    def cores_in_use(self) -> int | None:
+        """Cores the master has granted to applications now (one-core executors: executors); None when
+        the master does not answer."""
+        status = self.status()
+        return int(status["coresused"]) if "coresused" in status else None
 
     def stop(self) -> None:
         for service in [*self.workers, self.master]:

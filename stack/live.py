@@ -76,6 +76,8 @@ def run_live(
     job: str = JOB,
     warm_up_s: float = 0.0,
     warm_up_rate: float = 50.0,
+    runner_args: list[str] | None = None,
+    parallelism: int = 1,
 ) -> LiveRun:
     """Run the job under the load until the load ends plus `drain_s`; collect what was published.
 
@@ -83,7 +85,9 @@ def run_live(
     (the agents dead-letter its reports until then, so they learn nothing from it): Spark's cost per
     micro-batch falls over a new process's first minutes (docs/spark.md), which a job in production
     has long behind it but a replay compressed into minutes would magnify. Warm-up records have ids
-    from WARM_UP_FIRST_ID on. The broker and Redis of `settings` must be running."""
+    from WARM_UP_FIRST_ID on. `runner_args` go to `autoscaler job run` (a cluster's `--master`, the
+    `--backend`, Spark `--conf`s), which starts the job at `parallelism`. The broker and Redis of
+    `settings` must be running."""
     run = settings.topics.metrics.split(".")[0]
     input_topic, output_topic = f"{run}.demo.input", f"{run}.demo.output"
     ensure_topics(settings, extra=[input_topic, output_topic])
@@ -96,7 +100,7 @@ def run_live(
     agents = start_agents(settings, workdir / "agents.log", stages, timeout=90)
     runner = start_job_runner(settings, job, workdir / "job", workdir / "runner.log", max_parallelism=max_parallelism,
                               options={"cost_ms": str(cost_ms), "input_topic": input_topic,
-                                       "output_topic": output_topic})
+                                       "output_topic": output_topic}, args=runner_args, parallelism=parallelism)
     load: Popen[bytes] | None = None
     try:
         # The load comes to a running job, as it would to a job in production (whose start-up is not scaled).

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.job_cli import choose_backend
+from bench.backends_live import arm_setup, executor_seconds
 from contracts.backends import BackendKind, backend_in_use, in_place_cost
 from contracts.jobs import JobConfig
 from contracts.plan_state import Downtimes
@@ -116,3 +117,22 @@ def test_a_job_configured_in_place_whose_runner_restarts_it_is_planned_with_rest
     noted = ["planned with restart costs" in d["reason"]["message"] for d in planned]
     # The note appears once the runner has said how it rescales (after the first rescale), and stays.
     assert not noted[0] and any(noted) and noted == sorted(noted)
+
+
+def test_executor_seconds_integrate_the_granted_cores_over_the_span() -> None:
+    samples = [(0.0, 1), (10.0, 3), (20.0, 0), (25.0, 2)]
+    assert executor_seconds(samples, 0.0, 30.0) == 1 * 10 + 3 * 10 + 0 * 5 + 2 * 5
+    assert executor_seconds(samples, 5.0, 15.0) == 1 * 5 + 3 * 5  # clipped to the span
+    assert executor_seconds([], 0.0, 30.0) == 0.0
+
+
+def test_the_three_arms_differ_only_in_how_the_job_is_sized() -> None:
+    inplace, restart, dynamic = (arm_setup(arm, "spark://h:7077", 4) for arm in ("inplace", "restart", "dynamic"))
+    assert inplace == (["--master", "spark://h:7077", "--backend", "inplace"], {"scaling_backend": "in_place"}, 1)
+    assert restart == (["--master", "spark://h:7077", "--backend", "restart"], {}, 1)
+    args, registration, start = dynamic
+    assert registration == {"mode": "recommend"} and start == 4  # the agents measure, never act
+    conf = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--conf")
+    assert conf["spark.dynamicAllocation.enabled"] == "true" and conf["spark.dynamicAllocation.initialExecutors"] == "1"
+    with pytest.raises(ValueError, match="unknown arm"):
+        arm_setup("magic", "spark://h:7077", 4)
