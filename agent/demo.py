@@ -24,7 +24,7 @@ from contracts.messages import Analysis, EventType, ScalingDecision, ScalingEven
 from contracts.settings import Settings
 from evaluation.live import live_measures
 from evaluation.report import plot_live
-from infra.kafka import TopicReader, ensure_topics
+from infra.kafka import ensure_topics, written_ids
 from stack.cluster import start_cluster
 from stack.embedded import Stack, state_dir
 from stack.live import LiveRun
@@ -144,18 +144,7 @@ def _produced(load_log: Path) -> int | None:
 
 def _output_ids(bootstrap: str, topic: str, produced: int, timeout_s: float = 60.0) -> list[int]:
     """Every input id the job wrote (duplicates kept), reading until all `produced` appeared or time is up."""
-    reader = TopicReader(bootstrap, topic)
-    try:
-        deadline = time.monotonic() + timeout_s
-        ids: list[int] = []
-        while time.monotonic() < deadline:
-            ids = [i for v in reader.poll(1.0) for i in json.loads(v)["ids"]]
-            if len(set(ids)) >= produced:
-                reader.poll(2.0)  # a duplicate would come late: give it the chance
-                return [i for v in reader.values for i in json.loads(v)["ids"]]
-        return ids
-    finally:
-        reader.close()
+    return written_ids(bootstrap, topic, produced, timeout_s, late_s=2.0)
 
 
 def demo_summary(run: LiveRun, produced: int | None, ids: list[int], scale_down_delay_s: float) -> dict[str, Any]:

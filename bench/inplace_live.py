@@ -12,7 +12,6 @@ exactly once in the output). Prints a table and writes JSON.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import logging
@@ -29,7 +28,7 @@ from rich.table import Table
 from bench.common import code_version, machine_info
 from evaluation.calibrate import INPUT, OUTPUT, background_load, job_config, own_broker
 from evaluation.live_testbed import Adjustable
-from infra.kafka import TopicReader
+from infra.kafka import TopicReader, written_ids
 from pipeline.inplace import InPlaceExecutors
 from stack.cluster import start_cluster
 
@@ -95,18 +94,7 @@ def ids_once(bootstrap: str, timeout_s: float = 180.0) -> dict[str, int]:
             break
     produced = {json.loads(v)["id"] for v in source.values}
     source.close()
-    sink = TopicReader(bootstrap, OUTPUT)
-    out: list[int] = []
-
-    def complete(values: list[dict[str, Any]]) -> bool:
-        out[:] = [i for v in values for i in v["ids"]]
-        return set(out) >= produced
-
-    with contextlib.suppress(TimeoutError):
-        sink.until(complete, json.loads, timeout=timeout_s)
-    sink.poll(3)  # a duplicate would arrive late
-    out = [i for v in map(json.loads, sink.values) for i in v["ids"]]
-    sink.close()
+    out = written_ids(bootstrap, OUTPUT, produced, timeout_s)
     lost = sorted(produced - set(out))
     return {"input": len(produced), "output": len(out), "lost": len(lost), "lost_ids": lost[:5] + lost[-5:],
             "duplicated": len(out) - len(set(out)), "unexpected": len(set(out) - produced)}

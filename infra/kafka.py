@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -235,3 +236,22 @@ class TopicReader:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+def written_ids(bootstrap: str, topic: str, expected: int | set[int], timeout_s: float,
+                late_s: float = 3.0) -> list[int]:
+    """Every record id a job wrote to `topic` (records are JSON objects with an `ids` list), duplicates
+    kept: read until the distinct ids cover `expected` (a count, or the ids themselves) or `timeout_s`
+    passed, then `late_s` more, since a duplicate would come late. The exactly-once check of the demo,
+    the benchmarks and the end-to-end tests."""
+    reader = TopicReader(bootstrap, topic)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            seen = {i for v in reader.poll(0.5) for i in json.loads(v)["ids"]}
+            if (len(seen) >= expected) if isinstance(expected, int) else (seen >= expected):
+                break
+        reader.poll(late_s)
+        return [i for v in reader.values for i in json.loads(v)["ids"]]
+    finally:
+        reader.close()

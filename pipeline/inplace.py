@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -115,7 +115,6 @@ class InPlaceExecutors(RestartFromCheckpoint):
         self.max_parallelism = max_parallelism
         self.register_timeout_s = register_timeout_s
         self.control: ExecutorControl | None = None
-        self.held_s = 0.0  # the last scale-down's hold between batches
 
     # ------------------------------------------------------------ start
 
@@ -149,13 +148,12 @@ class InPlaceExecutors(RestartFromCheckpoint):
 
     # ------------------------------------------------------------ rescale
 
-    def _set_executors(self, target: int, pause: bool) -> int:
+    def _set_executors(self, target: int, pause: bool) -> tuple[int, float]:
         """Ask for `target` executors; going down, hold the query between batches (`pause`) while
         the extra ones are told to go (no task is offered to them from then on). Returns how many are
-        registered when the count settled or the wait ended; `self.held_s` is how long the query was
-        held."""
+        registered when the count settled or the wait ended, and how long the query was held."""
         assert self.control is not None
-        self.held_s = 0.0
+        held_s = 0.0
         self.control.request_total(target)
         current = self.control.executor_ids()
         if len(current) > target:
@@ -170,15 +168,15 @@ class InPlaceExecutors(RestartFromCheckpoint):
             finally:
                 if held:
                     clear_pause(self.config.pause_file)
-                    self.held_s = time.monotonic() - began
+                    held_s = time.monotonic() - began
             self._wait_count(lambda n: n <= target)
-            log.info("executors %d -> %d: held %.1f s, gone after %.1f s", len(current), target, self.held_s,
+            log.info("executors %d -> %d: held %.1f s, gone after %.1f s", len(current), target, held_s,
                      time.monotonic() - began)
         else:
             self._wait_count(lambda n: n >= target)
-        return len(self.control.executor_ids())
+        return len(self.control.executor_ids()), held_s
 
-    def _wait_count(self, settled: Any) -> None:
+    def _wait_count(self, settled: Callable[[int], bool]) -> None:
         assert self.control is not None
         deadline = time.monotonic() + self.register_timeout_s
         while not settled(len(self.control.executor_ids())) and time.monotonic() < deadline:
@@ -200,8 +198,8 @@ class InPlaceExecutors(RestartFromCheckpoint):
             self._share(target)  # the batch after the hold already admits for the fewer executors
         held = 0.0
         for attempts in range(1, 2 + max(0, self.config.retries)):
-            got = self._set_executors(target, pause=target < previous)
-            held += self.held_s
+            got, held_now = self._set_executors(target, pause=target < previous)
+            held += held_now
             if got == target:
                 break
             errors.append(f"attempt {attempts}: the cluster granted {got} of {target} executors")

@@ -15,7 +15,7 @@ import pytest
 
 from contracts.messages import Analysis, EventType, ScalingDecision, ScalingEvent
 from contracts.settings import Settings
-from infra.kafka import TopicReader, ensure_topics
+from infra.kafka import ensure_topics, written_ids
 from stack.processes import stop_pid
 from stack.services import start_agents, start_job_runner, start_load, wait_until_running
 from tests.integration.kafka_helpers import Collector
@@ -56,17 +56,7 @@ def test_demo_job_scales_out_in_one_step_keeps_up_scales_in_and_loses_nothing(
         produced = summary["produced"]
         assert produced >= 0.99 * (HIGH_RATE * HIGH_SECONDS + LOW_RATE * LOW_SECONDS), summary
         # Every input record appears exactly once in the output, across all the restarts.
-        reader = TopicReader(settings.kafka_bootstrap, output_topic)
-        ids: list[int] = []
-
-        def all_ids(values: list[dict]) -> bool:  # type: ignore[type-arg]
-            ids[:] = [i for v in values for i in v["ids"]]
-            return len(ids) >= produced
-
-        reader.until(all_ids, json.loads, timeout=180)
-        reader.poll(3)  # a duplicate would arrive late: give it the chance
-        ids = [i for v in map(json.loads, reader.values) for i in v["ids"]]
-        reader.close()
+        ids = written_ids(settings.kafka_bootstrap, output_topic, produced, timeout_s=180)
         assert len(ids) == len(set(ids)) == produced, (len(ids), len(set(ids)), produced)
         assert set(ids) == set(range(produced))
         for c in collectors.values():

@@ -15,7 +15,7 @@ import pytest
 
 from contracts.messages import Analysis, EventType, ScalingDecision, ScalingEvent
 from contracts.settings import Settings
-from infra.kafka import TopicReader
+from infra.kafka import written_ids
 from stack.processes import stop_pid
 from stack.services import start_agents, start_job_runner, start_load
 from tests.integration.kafka_helpers import Collector
@@ -51,11 +51,7 @@ def test_a_burst_backlog_is_drained_within_the_catch_up_duration_after_one_scale
                 c.poll(0.3)
         assert load.poll() == 0, (tmp_path / "load.log").read_text()
         produced = json.loads((tmp_path / "load.log").read_text().strip().splitlines()[-1])["produced"]
-        reader = TopicReader(settings.kafka_bootstrap, output_topic)
-        reader.until(lambda values: sum(len(v["ids"]) for v in values) >= produced, json.loads, timeout=120)
-        reader.poll(3)
-        ids = [i for v in map(json.loads, reader.values) for i in v["ids"]]
-        reader.close()
+        ids = written_ids(settings.kafka_bootstrap, output_topic, produced, timeout_s=120)
         assert sorted(ids) == list(range(produced)), (len(ids), len(set(ids)), produced)
         for c in collectors.values():
             c.poll(1)
