@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from agent.job_cli import choose_backend
 from bench.backends_live import arm_setup, executor_seconds
+from bench.backends_sim import compare
 from contracts.backends import BackendKind, backend_in_use, in_place_cost
 from contracts.jobs import JobConfig
 from contracts.plan_state import Downtimes
@@ -136,3 +137,18 @@ def test_the_three_arms_differ_only_in_how_the_job_is_sized() -> None:
     assert conf["spark.dynamicAllocation.enabled"] == "true" and conf["spark.dynamicAllocation.initialExecutors"] == "1"
     with pytest.raises(ValueError, match="unknown arm"):
         arm_setup("magic", "spark://h:7077", 4)
+
+
+def test_the_backends_comparison_pairs_the_same_cases() -> None:
+    def case(seed: int, slots: float, oracle: float) -> dict[str, object]:
+        run = {"policy": "default", "slot_seconds": slots, "vs_oracle": slots / oracle, "seconds_beyond_target": 0.0,
+               "actions": 3}
+        return {"trace": "wiki", "regime": "compressed", "seed": seed, "runs": [run],
+                "oracle": {"slot_seconds": oracle}}
+
+    restart = [case(0, 1000.0, 900.0), case(1, 1200.0, 1000.0)]
+    in_place = [case(0, 900.0, 850.0), case(1, 1140.0, 950.0)]
+    (row,) = compare(restart, in_place, "default")  # type: ignore[arg-type]
+    assert row["seeds"] == 2 and row["in_place_over_restart_worst"] == 0.95
+    assert row["in_place_over_restart_median"] == pytest.approx((0.9 + 0.95) / 2)
+    assert row["in_place_vs_oracle_worst"] == pytest.approx(1.2)
