@@ -137,8 +137,10 @@ class RestartFromCheckpoint:
             extra_conf=self.config.spark_conf,
         )
         self.spark.sparkContext.setLogLevel("WARN")
-        if self.spark.sparkContext.master.startswith("spark://"):
-            # A cluster may grant fewer cores than asked; that parallelism did not start. The session
+        dynamic = self.config.spark_conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true"
+        if self.spark.sparkContext.master.startswith("spark://") and not dynamic:
+            # A cluster may grant fewer cores than asked; that parallelism did not start (under Spark's own
+            # dynamic allocation, Spark decides how many executors run: nothing to wait for). The session
             # already waited for the executors (maxRegisteredResourcesWaitingTime); a short grace.
             deadline = time.monotonic() + min(10.0, self.config.start_timeout_s)
             slots = task_slots(self.spark)
