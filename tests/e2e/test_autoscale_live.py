@@ -23,8 +23,8 @@ from tests.integration.test_agents import register
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-HIGH_RATE, HIGH_SECONDS = 560, 200
-LOW_RATE, LOW_SECONDS = 100, 120
+HIGH_RATE, HIGH_SECONDS = 560, 150
+LOW_RATE, LOW_SECONDS = 100, 100
 
 
 def test_demo_job_scales_out_in_one_step_keeps_up_scales_in_and_loses_nothing(

@@ -24,7 +24,7 @@ from tests.integration.test_agents import register
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 BASE_RATE, BURST_RATE = 100, 1000  # 10x
-WARM_S, BURST_S, AFTER_S = 60, 10, 110
+WARM_S, BURST_S, AFTER_S = 60, 10, 95
 CATCH_UP_S = 60
 
 

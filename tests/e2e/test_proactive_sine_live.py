@@ -29,7 +29,7 @@ def test_the_sine_trace_is_met_by_scaling_out_ahead_of_the_load(settings: Settin
             "--seconds-per-row", str(SECONDS_PER_ROW), "--low", str(LOW), "--high", str(HIGH)]
     # Its own job id: knowledge outlives a test, and another test's "demo" may still be rescaling.
     # A short warm-up first (`autoscaler evaluate --live` runs 150 s): the agents learn nothing from it.
-    run = run_live(settings, tmp_path, load, overrides, job="sine", warm_up_s=20.0, warm_up_rate=LOW)
+    run = run_live(settings, tmp_path, load, overrides, job="sine", warm_up_s=20.0, warm_up_rate=LOW, drain_s=25.0)
     timeline = run.timeline()
     print(timeline)
     warm_up = json.loads((tmp_path / "warm-up.log").read_text().strip().splitlines()[-1])
