@@ -32,6 +32,7 @@ from rich.table import Table
 
 from bench.common import code_version, machine_info
 from evaluation.live import live_measures, load_start
+from pipeline.loadgen import Steps, parse_shape
 from stack.cluster import StandaloneCluster, start_cluster
 from stack.live import run_live
 from stack.processes import start_broker, start_redis, stop_pid
@@ -134,7 +135,10 @@ def main(
     chosen = arms or list(ARMS)
     for arm in chosen:
         arm_setup(arm, "spark://x:1", max_parallelism)  # an unknown arm fails before anything starts
-    load_s = sum(float(part.split(":")[2]) for part in shape.removeprefix("steps:").split(","))
+    parsed = parse_shape(shape)
+    if not isinstance(parsed, Steps):
+        raise typer.BadParameter("a steps:RATE:SECONDS,... shape", param_hint="--shape")
+    load_s = parsed.duration_s
     workdir = Path(tempfile.mkdtemp(prefix="backends-live-"))
     broker, redis = start_broker(log_path=workdir / "broker.log"), start_redis(log_path=workdir / "redis.log")
     cluster = start_cluster(workers=1, cores=max_parallelism, log_dir=workdir / "cluster")
