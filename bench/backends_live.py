@@ -142,13 +142,21 @@ def main(
     workdir = Path(tempfile.mkdtemp(prefix="backends-live-"))
     broker, redis = start_broker(log_path=workdir / "broker.log"), start_redis(log_path=workdir / "redis.log")
     cluster = start_cluster(workers=1, cores=max_parallelism, log_dir=workdir / "cluster")
-    rows = []
+    rows: list[dict[str, Any]] = []
+
+    def write() -> None:  # after each arm: an arm that fails later does not lose the others
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"shape": shape, "max_parallelism": max_parallelism, "warm_up_s": warm_up_s,
+                                   "backlog_target_s": backlog_target_s, "window_s": WINDOW_S, "drain_s": DRAIN_S,
+                                   "machine": machine_info(), "code": code_version(), "rows": rows}, indent=1))
+
     try:
         for arm in chosen:
             console.print(f"{arm}: {shape}, {warm_up_s:g} s warm-up; logs in {workdir / arm}")
             (workdir / arm).mkdir()
             rows.append(run_arm(arm, cluster, broker.port, redis.port, shape, load_s, max_parallelism, warm_up_s,
                                 warm_up_rate, backlog_target_s, workdir / arm))
+            write()
     finally:
         cluster.stop()
         for service in (broker, redis):
@@ -161,10 +169,6 @@ def main(
                       f"{row['peak_backlog']:.0f}", f"{row['lag_p95_s']:.1f}", str(row["actions"]),
                       str(row["max_executors"]))
     console.print(table)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"shape": shape, "max_parallelism": max_parallelism, "warm_up_s": warm_up_s,
-                               "backlog_target_s": backlog_target_s, "window_s": WINDOW_S, "drain_s": DRAIN_S,
-                               "machine": machine_info(), "code": code_version(), "rows": rows}, indent=1))
     console.print(f"wrote {out}")
 
 

@@ -128,7 +128,7 @@ class InPlaceExecutors(RestartFromCheckpoint):
         self.spark.sparkContext.setLogLevel("WARN")
         self.control = ExecutorControl(self.spark)
         self._share(parallelism)
-        got = self._set_executors(parallelism, pause=False)
+        got, _ = self._set_executors(parallelism, pause=False)
         if got != parallelism:
             raise StartError(f"the cluster granted {got} of {parallelism} executors")
 
