@@ -84,7 +84,8 @@ def run_demo(settings: Settings, shape: str, cost_ms: float, partitions: int, ma
             if drain_until is not None and last is not None and not last.backlog:
                 break
         produced = _produced(logs / "load.log")
-        ids = _output_ids(settings.kafka_bootstrap, output_topic, produced) if produced is not None else []
+        ids = (written_ids(settings.kafka_bootstrap, output_topic, produced, timeout_s=60.0, late_s=2.0)
+               if produced is not None else [])
         summary = demo_summary(run, produced, ids, SCALE_DOWN_DELAY_S)
         _print_summary(console, summary)
         png = _plot(run, logs.parent / f"demo-{run_id}.png")
@@ -140,11 +141,6 @@ def _produced(load_log: Path) -> int | None:
         return int(json.loads(lines[-1])["produced"]) if lines else None
     except (ValueError, KeyError, TypeError):
         return None
-
-
-def _output_ids(bootstrap: str, topic: str, produced: int, timeout_s: float = 60.0) -> list[int]:
-    """Every input id the job wrote (duplicates kept), reading until all `produced` appeared or time is up."""
-    return written_ids(bootstrap, topic, produced, timeout_s, late_s=2.0)
 
 
 def demo_summary(run: LiveRun, produced: int | None, ids: list[int], scale_down_delay_s: float) -> dict[str, Any]:

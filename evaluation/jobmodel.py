@@ -163,10 +163,6 @@ class JobModel:
         """How long a rescale runs at the old capacity: an in-place scale-up's executors registering."""
         return self.ramp_up_s if self.in_place and to_p > from_p else 0.0
 
-    def busy_s(self, from_p: int, to_p: int) -> float:
-        """How long a rescale holds execute's lock (one rescale at a time): its pause, then its ramp."""
-        return self.downtime(from_p, to_p) + self.ramp(from_p, to_p)
-
 
 @dataclass
 class JobState:
@@ -227,14 +223,14 @@ def advance(model: JobModel, state: JobState, start: float, length_s: float, arr
     old_s = min(running, max(0.0, state.ramp_until - max(start, state.restart_until)))
     old_capacity = model.capacity(state.ramp_from) * rate_factor if old_s > 0 else 0.0
     arrivals = arrival_rate * length_s
-    processed = min(state.backlog + arrivals, capacity * (running - old_s) + old_capacity * old_s)
+    can_process = capacity * (running - old_s) + old_capacity * old_s
+    processed = min(state.backlog + arrivals, can_process)
     # Floating-point round-off must not leave a backlog (and so a busy time) a hair below zero.
     state.backlog = max(0.0, state.backlog + arrivals - processed)
     paid = sum(state.parallelism) if not model.fused else state.job_parallelism
     batches = batch_time = None
     if model.fused:
-        on_old = processed * old_capacity * old_s / (capacity * (running - old_s) + old_capacity * old_s) \
-            if old_s > 0 else 0.0
+        on_old = processed * old_capacity * old_s / can_process if old_s > 0 else 0.0
         busy = (processed - on_old) * model.slot_seconds_per_record(state.job_parallelism) / rate_factor
         if on_old > 0:
             busy += on_old * model.slot_seconds_per_record(state.ramp_from) / rate_factor

@@ -245,13 +245,24 @@ def written_ids(bootstrap: str, topic: str, expected: int | set[int], timeout_s:
     passed, then `late_s` more, since a duplicate would come late. The exactly-once check of the demo,
     the benchmarks and the end-to-end tests."""
     reader = TopicReader(bootstrap, topic)
+    ids: list[int] = []
+    seen: set[int] = set()
+
+    def read(seconds: float) -> None:
+        """Poll, then parse only the records this poll brought."""
+        start = len(reader.values)
+        for value in reader.poll(seconds)[start:]:
+            batch = json.loads(value)["ids"]
+            ids.extend(batch)
+            seen.update(batch)
+
     try:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            seen = {i for v in reader.poll(0.5) for i in json.loads(v)["ids"]}
+            read(0.5)
             if (len(seen) >= expected) if isinstance(expected, int) else (seen >= expected):
                 break
-        reader.poll(late_s)
-        return [i for v in reader.values for i in json.loads(v)["ids"]]
+        read(late_s)
+        return ids
     finally:
         reader.close()

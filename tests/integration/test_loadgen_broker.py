@@ -6,8 +6,9 @@ import json
 import time
 
 import pytest
+from confluent_kafka import Producer
 
-from infra.kafka import LogEndProbe, TopicReader
+from infra.kafka import LogEndProbe, TopicReader, ensure_topic, written_ids
 from pipeline.loadgen import Steps, expected_total, generate_load
 from stack.processes import Service
 from tests.integration.spark_helpers import bootstrap_of, broker
@@ -35,3 +36,16 @@ def test_generator_follows_the_shape_at_thousands_per_second(broker: Service) ->
         reader.close()
     assert sorted(r["id"] for r in records) == list(range(100, 100 + result.produced))
     assert all(r["key"] == f"k{r['id'] % 16}" and r["ts"] > 0 for r in records)
+
+
+def test_written_ids_reads_every_id_once_read_and_keeps_duplicates(broker: Service) -> None:
+    """The exactly-once check the demo, the benchmarks and the end-to-end tests share, on a real broker."""
+    bootstrap = bootstrap_of(broker)
+    ensure_topic(bootstrap, "ids.out", 2)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for batch in ([0, 1, 2], [3, 4], [2]):  # 2 written twice
+        producer.produce("ids.out", json.dumps({"ids": batch}).encode())
+    producer.flush(10)
+    ids = written_ids(bootstrap, "ids.out", 5, timeout_s=30, late_s=1.0)
+    assert sorted(ids) == [0, 1, 2, 2, 3, 4]
+    assert sorted(written_ids(bootstrap, "ids.out", {0, 4}, timeout_s=30, late_s=1.0)) == sorted(ids)
