@@ -145,7 +145,13 @@ def solve(
         ready = np.flatnonzero(age >= np.where(down == 1, ready_age[1], ready_age[0]))
         if b < model.first_rescale_block:
             ready = ready[:0]
-        src, q = rescale_candidates(ready, obj, backlog, par, targets)
+        if model.ramp_s > 0:
+            # An in-place scale-up runs at its source's capacity while it ramps: the source's parallelism
+            # matters, so no source dominates another by objective and backlog alone. Every pair is tried.
+            src, q = np.repeat(ready, len(targets)), np.tile(targets, len(ready))
+            src, q = src[q != par[src]], q[q != par[src]]
+        else:
+            src, q = rescale_candidates(ready, obj, backlog, par, targets)
         if len(src):
             is_down = q < par[src]
             for d in (0, 1):
