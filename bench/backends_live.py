@@ -2,7 +2,8 @@
 
 Starts a broker and Redis of its own and a standalone cluster from the pyspark wheel (one worker,
 `--max-parallelism` cores), then runs the demo job (4 ms of waiting per record) under the same load
-three times, each from one executor, each with the agents running (`stack.live.run_live`):
+in turn (`--repeats` rounds, each starting one arm later), each from one executor, each with the
+agents running (`stack.live.run_live`):
 
 - `inplace`: our default policy, executors changed in place (`autoscaler job run --backend inplace`);
 - `restart`: our default policy, the query restarted from its checkpoint at each rescale;
@@ -19,6 +20,7 @@ and writes JSON.
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
 import threading
 import time
@@ -119,6 +121,29 @@ def run_arm(arm: str, cluster: StandaloneCluster, broker_port: int, redis_port: 
             "timeline": run.timeline()}
 
 
+def rotated(arms: list[str], round_: int) -> list[str]:
+    """The arms in the order round `round_` runs them: each round starts one arm later, so that no arm is
+    always first on a fresh cluster."""
+    k = round_ % len(arms)
+    return [*arms[k:], *arms[:k]]
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """Per arm: the number of runs and, for each measure, the median with the worst run in brackets (the
+    highest: every measure here is better lower); actions and executors as the list over the runs."""
+    out: dict[str, dict[str, str]] = {}
+    for arm in dict.fromkeys(row["arm"] for row in rows):
+        runs = [row for row in rows if row["arm"] == arm]
+        summary = {"runs": str(len(runs)), "actions": ", ".join(str(r["actions"]) for r in runs),
+                   "max_executors": ", ".join(str(r["max_executors"]) for r in runs)}
+        for key, fmt in (("executor_seconds", ".0f"), ("beyond_target_s", ".0f"), ("peak_backlog", ".0f"),
+                         ("lag_p95_s", ".1f")):
+            values = [float(r[key]) for r in runs]
+            summary[key] = f"{statistics.median(values):{fmt}} [{max(values):{fmt}}]"
+        out[arm] = summary
+    return out
+
+
 @app.command()
 def main(
     arms: Annotated[list[str] | None, typer.Option("--arm", help=f"Which ({', '.join(ARMS)}); default all.")] = None,
@@ -128,6 +153,7 @@ def main(
     warm_up_s: Annotated[float, typer.Option(help="Seconds at --warm-up-rate before the load and the agents.")] = 60.0,
     warm_up_rate: Annotated[float, typer.Option()] = 150.0,
     backlog_target_s: Annotated[float, typer.Option(help="The job's backlog target, seconds of arrivals.")] = 60.0,
+    repeats: Annotated[int, typer.Option(min=1, help="Rounds of every arm; each round starts one arm later.")] = 1,
     out: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS,
 ) -> None:
     """Run each arm in turn on one cluster; print the table and write JSON."""
@@ -147,27 +173,32 @@ def main(
     def write() -> None:  # after each arm: an arm that fails later does not lose the others
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"shape": shape, "max_parallelism": max_parallelism, "warm_up_s": warm_up_s,
-                                   "backlog_target_s": backlog_target_s, "window_s": WINDOW_S, "drain_s": DRAIN_S,
-                                   "machine": machine_info(), "code": code_version(), "rows": rows}, indent=1))
+                                   "backlog_target_s": backlog_target_s, "repeats": repeats, "window_s": WINDOW_S,
+                                   "drain_s": DRAIN_S, "machine": machine_info(), "code": code_version(),
+                                   "rows": rows}, indent=1))
 
     try:
-        for arm in chosen:
-            console.print(f"{arm}: {shape}, {warm_up_s:g} s warm-up; logs in {workdir / arm}")
-            (workdir / arm).mkdir()
-            rows.append(run_arm(arm, cluster, broker.port, redis.port, shape, load_s, max_parallelism, warm_up_s,
-                                warm_up_rate, backlog_target_s, workdir / arm))
-            write()
+        for round_ in range(repeats):
+            for arm in rotated(chosen, round_):
+                logs = workdir / f"{arm}-{round_}"
+                console.print(f"round {round_ + 1}/{repeats}, {arm}: {shape}, {warm_up_s:g} s warm-up; logs in {logs}")
+                logs.mkdir()
+                row = run_arm(arm, cluster, broker.port, redis.port, shape, load_s, max_parallelism, warm_up_s,
+                              warm_up_rate, backlog_target_s, logs)
+                rows.append({"round": round_, **row})
+                write()
     finally:
         cluster.stop()
         for service in (broker, redis):
             stop_pid(service.process.pid, process=service.process)
-    table = Table(title=f"one load ({shape}), one cluster (1 worker, {max_parallelism} cores), from 1 executor")
-    for column in ("arm", "executor-s", "beyond target s", "peak backlog", "lag p95 s", "actions", "max executors"):
+    table = Table(title=f"one load ({shape}), one cluster (1 worker, {max_parallelism} cores), from 1 executor; "
+                        f"median [worst] of {repeats} round(s)")
+    for column in ("arm", "runs", "executor-s", "beyond target s", "peak backlog", "lag p95 s", "actions",
+                   "max executors"):
         table.add_column(column)
-    for row in rows:
-        table.add_row(row["arm"], f"{row['executor_seconds']:.0f}", f"{row['beyond_target_s']:.0f}",
-                      f"{row['peak_backlog']:.0f}", f"{row['lag_p95_s']:.1f}", str(row["actions"]),
-                      str(row["max_executors"]))
+    for arm, summary in summarize(rows).items():
+        table.add_row(arm, str(summary["runs"]), *(summary[key] for key in
+                      ("executor_seconds", "beyond_target_s", "peak_backlog", "lag_p95_s", "actions", "max_executors")))
     console.print(table)
     console.print(f"wrote {out}")
 

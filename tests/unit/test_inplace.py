@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.job_cli import choose_backend
-from bench.backends_live import arm_setup, executor_seconds
+from bench.backends_live import arm_setup, executor_seconds, rotated, summarize
 from bench.backends_sim import compare
 from contracts.backends import BackendKind, backend_in_use, in_place_cost
 from contracts.jobs import JobConfig
@@ -137,6 +137,24 @@ def test_the_three_arms_differ_only_in_how_the_job_is_sized() -> None:
     assert conf["spark.dynamicAllocation.enabled"] == "true" and conf["spark.dynamicAllocation.initialExecutors"] == "1"
     with pytest.raises(ValueError, match="unknown arm"):
         arm_setup("magic", "spark://h:7077", 4)
+
+
+def test_each_round_starts_one_arm_later_and_the_summary_is_median_and_worst() -> None:
+    arms = ["inplace", "restart", "dynamic"]
+    orders = [rotated(arms, r) for r in range(3)]
+    assert [order[0] for order in orders] == arms  # each arm runs first once
+    assert all(sorted(order) == sorted(arms) for order in orders) and rotated(arms, 3) == arms
+
+    def row(arm: str, executor_s: float, beyond_s: float) -> dict[str, object]:
+        return {"arm": arm, "executor_seconds": executor_s, "beyond_target_s": beyond_s, "peak_backlog": 10.0,
+                "lag_p95_s": 1.25, "actions": 2, "max_executors": 4}
+
+    summary = summarize([row("inplace", 900, 0), row("dynamic", 1800, 0), row("inplace", 1000, 5),
+                         row("inplace", 950, 0)])
+    assert list(summary) == ["inplace", "dynamic"]
+    assert summary["inplace"]["runs"] == "3"
+    assert summary["inplace"]["executor_seconds"] == "950 [1000]" and summary["inplace"]["beyond_target_s"] == "0 [5]"
+    assert summary["dynamic"]["executor_seconds"] == "1800 [1800]" and summary["dynamic"]["actions"] == "2"
 
 
 def test_the_backends_comparison_pairs_the_same_cases() -> None:
