@@ -24,8 +24,9 @@ from bench.common import code_version, machine_info, summary
 from contracts.jobs import JobConfig
 from contracts.messages import Analysis, ForecastView
 from contracts.plan_state import PlanState
+from plan.capacity_estimate import Measured, SlotStats
 from plan.forecast_skill import ForecastSkill
-from plan.policies.default import CostPlanner, Measured, PlannerMemory, SlotStats
+from plan.policies.default import CostPlanner, PlannerMemory
 
 RESULTS = Path(__file__).resolve().parent / "results" / "planner.json"
 GOAL_P99_MS = 50.0
@@ -100,7 +101,8 @@ def main(
         "samples": samples, "max_parallelism": max_parallelism, "horizon_minutes": horizon_minutes,
         "step_s": planner.step_s, "latency_ms": stats, "goal_p99_ms": GOAL_P99_MS, "met": ok,
         "planned_decisions": planned, "rescaling_decisions": actions, "machine": machine_info(),
-        "code": code_version(("plan/cost_plan.py", "plan/policies/default.py", "plan/level.py")),
+        "code": code_version(("plan/cost_plan.py", "plan/policies/default.py", "plan/capacity_estimate.py",
+                              "plan/level.py")),
     }
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=1))

@@ -41,8 +41,8 @@ from evaluation.job_models import WARM_UP_S, JobModelFile, fit_scaling
 from infra.kafka import TopicReader, ensure_topic
 from pipeline.loadgen import Constant, Shape, generate_load
 from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
-from plan.batching import TaskCost
-from plan.policies.default import BatchCost, Measured, capacities
+from plan.batching import BatchCost, TaskCost
+from plan.capacity_estimate import Measured, capacities
 from stack.processes import start_broker
 
 INPUT = "calibrate.input"
@@ -292,7 +292,7 @@ def unseen_capacities(drains: list[Drain], seen: int = 2) -> list[dict[str, floa
     """What the default planner would predict for the parallelisms drained beyond the `seen`
     smallest, from those alone, against what the job then drained there; pure.
 
-    The planner's own model (`plan.policies.default`): DS2 capacities measured at each parallelism,
+    The planner's own model (`plan.capacity_estimate`): DS2 capacities measured at each parallelism,
     extrapolated by a fitted power law (`capacities`, point estimate), times the share of a full
     batch its slots work (`BatchCost`). The measured maximum sustainable throughput is the drained rate."""
     ordered = sorted((d for d in drains if d.slot_rate > 0), key=lambda d: d.parallelism)

@@ -7,12 +7,12 @@ plans with, each an estimate on the safe side:
 - arrivals: the upper quantile of the arrival level since the last level shift (`plan.level`, a
   CUSUM detector), and over the horizon the upper quantile of analyze's forecast where it is higher,
   while the forecast's predicted changes have come true (`plan.forecast_skill`);
-- capacity: the DS2 true rate measured at each parallelism the job ran at (records per busy second
-  per slot, averaged; `known`), extrapolated to the others along a power law fitted through them
-  (exponent at most 1: slots never add more than linearly), less its measured noise; for a micro-batch
-  job, as a saturated job runs (`plan.batching`): each window's rate raised to the one full batches
-  show (DS2's rate falls at small batches: a task has a fixed cost), times the share of a full batch
-  its slots spend on records (a fixed cost per batch), all measured online;
+- capacity (`plan.capacity_estimate`): the DS2 true rate measured at each parallelism the job ran at
+  (records per busy second per slot, averaged; `known`), extrapolated to the others along a power law
+  fitted through them (exponent at most 1: slots never add more than linearly), less its measured
+  noise; for a micro-batch job, as a saturated job runs (`plan.batching`): each window's rate raised
+  to the one full batches show (DS2's rate falls at small batches: a task has a fixed cost), times the
+  share of a full batch its slots spend on records (a fixed cost per batch), all measured online;
 - actions: the measured restart time of each direction (the plan state's downtimes), the replay
   since the last checkpoint (half a checkpoint interval of arrivals), and a penalty per action; for a
   job whose executors are changed in place (`scaling_backend`), a scale-up's measured time at the old
@@ -35,18 +35,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from functools import lru_cache
 from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.backends import backend_in_use, planned_costs
-from contracts.jobs import JobConfig, parse_planned_capacity
+from contracts.jobs import JobConfig
 from contracts.messages import Action, Analysis, DecisionReason, ForecastView
 from contracts.periods import excluded_at, parse_periods
 from contracts.plan_state import PlanState
-from plan.batching import KNOWN_WINDOWS, BatchCost, running_weight
+from plan.batching import BatchCost
+from plan.capacity_estimate import FIT_MIN_WINDOWS, Measured, SlotStats, capacities, planned_capacity
 from plan.controls import bounded_step, heading_beyond_target
 from plan.cost_plan import PlanProblem, Schedule, describe, solve
 from plan.forecast_skill import ForecastSkill, note
@@ -57,74 +57,12 @@ from plan.policies.reactive import ReactivePolicy
 from plan.policy import Plan, direction, hold
 from plan.proactive import downtimes_expected, predicted_recovery_s
 
-EXPONENT_PRIOR = 0.95  # capacity ~ p^0.95 beyond what was measured, until two parallelisms were
-EXPONENT_RANGE = (0.5, 1.0)
-FIT_MIN_WINDOWS = 3  # a parallelism's capacity shapes the curve once measured over this many windows
-EXTRAPOLATION_ERROR = 0.05  # relative error of a capacity extrapolated by a factor of 2 in parallelism
 FORECAST_MAX_OFFSET = 0.25  # a forecast whose first value is this far from the measured level is not used
 NOISE_PRIOR = 0.1  # the per-window CV of the per-slot rate assumed until three windows were measured
 # A backlog of more than this many seconds of arrivals keeps micro-batches at the source's cap (a full
 # batch holds a few seconds of work per slot).
 SATURATED_BACKLOG_S = 10.0
 LEVEL_WINDOWS = 2  # windows of a new arrival level measured before a rescale (unless the backlog presses)
-
-
-class Measured(BaseModel):
-    """The capacity measured at one parallelism (records/s): a running mean of its windows, then an
-    exponentially weighted one (weight 1 / KNOWN_WINDOWS), and how many windows are behind it.
-
-    `provisional`: only from windows whose DS2 rate could not be raised to a full batch's yet (small
-    batches, before the per-task fit and a full batch were measured): an underestimate, replaced by the
-    first window that can be (`learned`), not averaged with it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    capacity: float
-    n: int = 1
-    provisional: bool = False
-
-    def add(self, value: float) -> Measured:
-        n = self.n + 1
-        weight = running_weight(n, KNOWN_WINDOWS)
-        return self.model_copy(update={"capacity": (1 - weight) * self.capacity + weight * value, "n": n})
-
-    def learned(self, value: float, provisional: bool) -> Measured:
-        """With one more window's capacity: a provisional window does not move a corrected estimate,
-        and the first corrected window replaces a provisional one."""
-        if provisional and not self.provisional:
-            return self
-        if self.provisional and not provisional:
-            return Measured(capacity=value)
-        return self.add(value)
-
-    @property
-    def effective(self) -> int:
-        """The windows the mean is worth: n, at most 2 KNOWN_WINDOWS - 1 (an exponential mean's worth)."""
-        return min(self.n, 2 * KNOWN_WINDOWS - 1)
-
-
-class SlotStats(BaseModel):
-    """Welford statistics of the per-slot true rate at one parallelism, since the job runs at it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    parallelism: int
-    n: int = 0
-    mean: float = 0.0
-    m2: float = 0.0
-
-    def add(self, value: float) -> SlotStats:
-        n = self.n + 1
-        delta = value - self.mean
-        mean = self.mean + delta / n
-        return self.model_copy(update={"n": n, "mean": mean, "m2": self.m2 + delta * (value - mean)})
-
-    @property
-    def cv(self) -> float | None:
-        """The per-window coefficient of variation, once three windows were seen."""
-        if self.n < 3 or self.mean <= 0:
-            return None
-        return math.sqrt(self.m2 / (self.n - 1)) / self.mean
 
 
 class PlannerMemory(BaseModel):
@@ -138,61 +76,6 @@ class PlannerMemory(BaseModel):
     recommended: int | None = None  # the first step of the last plan
     batch: BatchCost | None = None
     last_up_at: float | None = None  # metric time of the last scale-up decided
-
-
-def capacities(known: dict[str, Measured], max_parallelism: int, noise_cv: float, z: float,
-               planned: dict[int, float] | None = None, planned_error: float = 0.1) -> np.ndarray:
-    """A lower quantile of the capacity at p = 0..max (index 0 is 0).
-
-    Every measured parallelism q gives an estimate at p: its measured capacity scaled by (p / q)^k,
-    with k fitted through the points measured over FIT_MIN_WINDOWS windows or more (a power law, k in
-    EXPONENT_RANGE; EXPONENT_PRIOR until two such points) above q, and k = 1 below it (no better than
-    linear there: the safe side).
-    Each estimate's relative variance is the measurement's (cv^2 / the windows it is worth) plus
-    EXTRAPOLATION_ERROR per doubling of p / q, squared; the estimates are pooled by inverse variance,
-    so one noisy window at a new parallelism does not outweigh what the others imply. The quantile is
-    the pooled estimate less z times its error. The window-to-window noise itself is left out: the backlog sums it over
-    the many windows it takes to fill the target, where it averages away; the error of the mean
-    does not.
-    A `planned` capacity (StreamBed's plan, made before the job ran: `plan.capacity`) is one more
-    estimate at each p it names, of relative error `planned_error`: alone it sizes a new job's first
-    decision; measured windows outweigh it as they accumulate."""
-    points = sorted((int(p), m) for p, m in known.items() if m.capacity > 0)
-    planned = {p: c for p, c in (planned or {}).items() if 1 <= p <= max_parallelism and c > 0}
-    out = np.zeros(max_parallelism + 1)
-    if not points and not planned:
-        return out
-    settled = [(p, m) for p, m in points if m.n >= FIT_MIN_WINDOWS]
-    if len(settled) >= 2:
-        x = np.log([p for p, _ in settled])
-        y = np.log([m.capacity for _, m in settled])
-        exponent = float(np.clip(np.polyfit(x, y, 1)[0], *EXPONENT_RANGE))
-    else:
-        exponent = EXPONENT_PRIOR
-    q = np.array([p for p, _ in points], dtype=float)
-    c = np.array([m.capacity for _, m in points])
-    n = np.array([m.effective for _, m in points], dtype=float)
-    for p in range(1, max_parallelism + 1):
-        k = np.where(p > q, exponent, 1.0)
-        estimates = c * (p / q) ** k
-        variances = noise_cv**2 / n + (np.log2(p / q) * EXTRAPOLATION_ERROR) ** 2
-        if p in planned:
-            estimates = np.append(estimates, planned[p])
-            variances = np.append(variances, planned_error**2)
-        if not estimates.size:
-            continue  # nothing measured and nothing planned at p
-        weights = 1 / np.maximum(variances, 1e-12)
-        estimate = float((weights * estimates).sum() / weights.sum())
-        relative = math.sqrt(1 / weights.sum())
-        out[p] = estimate * max(0.5, 1 - z * relative)
-    return np.maximum.accumulate(out)
-
-
-@lru_cache(maxsize=1024)
-def planned_capacity(value: str) -> tuple[tuple[int, float], ...]:
-    """A job's planned capacity, parsed once per distinct setting (a plan holds up to 4,096 pairs and
-    every window of the job would parse it again)."""
-    return tuple(parse_planned_capacity(value).items())
 
 
 def planned_rates(level: float, forecast: ForecastView | None, now: float, steps: int, step_s: float,

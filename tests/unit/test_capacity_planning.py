@@ -233,7 +233,7 @@ def test_the_command_writes_a_report_and_a_plot_and_refuses_what_it_cannot_answe
 
 
 def test_a_planned_capacity_alone_sizes_a_new_job_and_measurements_outweigh_it() -> None:
-    from plan.policies.default import Measured, capacities
+    from plan.capacity_estimate import Measured, capacities
 
     planned = {p: 100.0 * p for p in range(1, 9)}
     alone = capacities({}, 8, noise_cv=0.05, z=1.28, planned=planned, planned_error=0.1)

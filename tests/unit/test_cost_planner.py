@@ -17,10 +17,11 @@ from contracts.plan_state import Downtimes, PlanState
 from evaluation.job_models import demo_model
 from evaluation.simulator import PolicyRun, PolicyRunner, rate_factors, simulate
 from evaluation.traces import load_trace
+from plan.capacity_estimate import Measured, capacities
 from plan.cost_plan import PlanProblem, describe, solve
 from plan.forecast_skill import ForecastSkill, note
 from plan.level import LevelState, update
-from plan.policies.default import CostPlanner, Measured, PlannerMemory, capacities, planned_rates
+from plan.policies.default import CostPlanner, PlannerMemory, planned_rates
 from plan.policy import Plan
 from plan.proactive import predicted_recovery_s
 
