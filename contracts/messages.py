@@ -358,6 +358,13 @@ class RunnerReport(Contract):
     backend: BackendKind | None = Field(
         None, description="How the runner changes the job: `restart` (from the checkpoint) or `in_place` (executors).")
 
+    @property
+    def partially_applied(self) -> bool:
+        """A failed change that went part of the way: the job runs strictly between where it was and
+        the target (a cluster that granted some of the executors asked for)."""
+        low, high = sorted((self.from_parallelism, self.to_parallelism))
+        return self.status is RunnerStatus.FAILED and low < self.running_parallelism < high
+
 
 # ---------------------------------------------------------------- output: scaling events
 
@@ -391,8 +398,10 @@ class ScalingEvent(Contract):
     detail: str | None = None
     code: str | None = Field(
         None,
-        description="For `notice` events: what was found, e.g. `quota_bound`; for `skipped`: `superseded`.",
+        description="For `notice` events: what was found, e.g. `quota_bound`; for `skipped`: `superseded`; for "
+        "`failed`: `partially_applied` when the job runs between the two parallelisms (the cluster granted part).",
     )
     numbers: dict[str, float | int | None] = Field(
-        default_factory=dict, description="For `recovered` events: `observed_s`, `predicted_s`, `error_s`."
+        default_factory=dict, description="For `recovered` events: `observed_s`, `predicted_s`, `error_s`; for a "
+        "`partially_applied` failure: `running_parallelism`."
     )

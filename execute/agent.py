@@ -168,6 +168,8 @@ class ExecuteAgent:
             type=EventType.COMPLETED if completed else EventType.FAILED,
             from_parallelism=decision["from_parallelism"], to_parallelism=decision["to_parallelism"],
             downtime_s=report.downtime_s, error=report.error, rolled_back_to=report.rolled_back_to,
+            **({"code": "partially_applied", "numbers": {"running_parallelism": report.running_parallelism}}
+               if report.partially_applied else {}),
         ))
         await self.finish(job, report.decision_id, token)
 

@@ -142,6 +142,13 @@ class RunnerState:
         os.replace(tmp, path)
 
 
+def partial_note(before: int, running: int, target: int) -> str:
+    """The head of a failed change's error when it went part of the way (`RunnerReport.partially_applied`)."""
+    if min(before, target) < running < max(before, target):
+        return f"partially applied: the job runs at {running} of {target} (from {before}); "
+    return ""
+
+
 class Runner:
     """A job's scaling backend plus the command loop; `run()` blocks until `stop_event` is set."""
 
@@ -289,7 +296,8 @@ class Runner:
             running,
             outcome.parallelism,
             downtime_s=outcome.downtime_s,
-            error="; ".join(outcome.errors)[:2000] or "the new parallelism did not start",
+            error=(partial_note(running, outcome.parallelism, command.to_parallelism)
+                   + "; ".join(outcome.errors))[:2000] or "the new parallelism did not start",
             rolled_back_to=outcome.rolled_back_to,
         )
 

@@ -15,7 +15,7 @@ executor-allocation developer API through the JVM gateway:
   the chosen executors while no task runs (no task fails; state they held is reloaded from the
   checkpoint by the next batch), then lets the query go on;
 - a cluster that grants fewer executors than asked is retried and then reported as partially
-  applied, with the parallelism the job really has.
+  applied, with the parallelism the job really has; the rest of the request is withdrawn.
 
 The start still launches a new session (and, at first, up to `max_parallelism` executors, then
 releases the ones above the start's parallelism).
@@ -204,6 +204,11 @@ class InPlaceExecutors(RestartFromCheckpoint):
                 break
             errors.append(f"attempt {attempts}: the cluster granted {got} of {target} executors")
             log.warning("job %s: %s", self.config.job_id, errors[-1])
+        if got != target:
+            # Withdraw the rest of the request: an executor the cluster launched later, when a core
+            # frees, would run with no report saying so. The plan, told `got`, decides again.
+            assert self.control is not None
+            self.control.request_total(got)
         took = time.monotonic() - requested
         self._parallelism = got
         self._share(got)

@@ -1,9 +1,11 @@
 """In-place rescaling on a real Spark standalone cluster (started from the pyspark wheel): the demo
 job's executors go 2 -> 1 -> 2 under load without restarting its query, no micro-batch waits long,
-and every record comes out exactly once."""
+and every record comes out exactly once; asked for 3 on the cluster's 2 cores, it reports the 2 it
+got as a partial grant, after a retry."""
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +29,8 @@ def test_executors_change_in_place_with_no_restart_no_long_pause_and_every_recor
         try:
             assert cluster.alive_cores() == 2
             config = job_config(bootstrap, {"cost_ms": "4"}, Path(tmp) / "job", master=cluster.url)
-            job = InPlaceExecutors(config, max_parallelism=2)
+            # At most 3 executors, one more than the cluster's cores; a shortfall is retried once, after 5 s.
+            job = InPlaceExecutors(dataclasses.replace(config, retries=1), max_parallelism=3, register_timeout_s=5.0)
             with background_load(bootstrap, Adjustable(rate_per_s=150.0), 2, duration_s=3600):
                 job.start(2)
                 assert job.query is not None and job.control is not None
@@ -43,6 +46,11 @@ def test_executors_change_in_place_with_no_restart_no_long_pause_and_every_recor
                 watch(job, 5, seen)
                 up = job.apply(2)
                 assert up.ok and up.parallelism == 2 and up.downtime_s == up.ramp_s, up
+                assert len(job.control.executor_ids()) == 2 and job.reporter.parallelism == 2
+                short = job.apply(3)  # the cluster has 2 cores
+                assert not short.ok and short.parallelism == 2 and short.attempts == 2, short
+                assert short.errors == ("attempt 1: the cluster granted 2 of 3 executors",
+                                        "attempt 2: the cluster granted 2 of 3 executors"), short
                 assert len(job.control.executor_ids()) == 2 and job.reporter.parallelism == 2
                 done = time.time()
                 watch(job, 4, seen)

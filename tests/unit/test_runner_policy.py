@@ -8,7 +8,7 @@ from contracts.backends import ActionCost, restart_cost
 from contracts.messages import RescaleCommand, RunnerReport, RunnerStatus
 from contracts.plan_state import Downtimes
 from execute.backend import RunnerFatal, StartError, rescale_with_rollback
-from execute.runner import APPLIED_KEPT, RunnerState, Verdict
+from execute.runner import APPLIED_KEPT, RunnerState, Verdict, partial_note
 from pipeline.restart import first_batch_done, query_name
 
 
@@ -137,3 +137,16 @@ def test_the_measured_downtimes_survive_a_runner_restart_and_old_state_files_loa
     path.write_text(json.dumps({"parallelism": 3, "max_fencing_token": 4, "applied": {}}))  # before costs
     old = RunnerState.load(path)
     assert (old.parallelism, old.max_fencing_token, old.downtimes) == (3, 4, Downtimes())
+
+
+def test_a_change_that_went_part_of_the_way_is_reported_as_partially_applied() -> None:
+    def failed(running: int, to: int = 3) -> RunnerReport:
+        return report("d1", RunnerStatus.FAILED).model_copy(update={"running_parallelism": running,
+                                                                    "to_parallelism": to})
+
+    assert failed(2).partially_applied  # 1 -> 3 asked, 2 granted
+    assert not failed(1).partially_applied and not failed(3).partially_applied  # nothing, or all of it
+    assert failed(2, to=1).model_copy(update={"from_parallelism": 4}).partially_applied  # 4 -> 1 stopped at 2
+    assert not report("d1").partially_applied  # completed
+    assert partial_note(1, 2, 3) == "partially applied: the job runs at 2 of 3 (from 1); "
+    assert partial_note(1, 1, 3) == partial_note(1, 3, 3) == ""
