@@ -51,8 +51,11 @@ def run_demo(settings: Settings, shape: str, cost_ms: float, partitions: int, ma
     run_id = time.strftime("%Y%m%d-%H%M%S")
     input_topic, output_topic = f"demo.{run_id}.input", f"demo.{run_id}.output"
     ensure_topics(settings, extra=[input_topic, output_topic])
+    # On a cluster the job is planned with in-place costs from its first decision (the runner's reports
+    # confirm how it rescales, or say it fell back).
+    in_place = {"scaling_backend": "in_place"} if cluster == "standalone" else {}
     register_jobs(settings, [JOB], forget=True, max_parallelism=str(max_parallelism), mode="auto",
-                  scale_down_delay_s=str(SCALE_DOWN_DELAY_S))
+                  scale_down_delay_s=str(SCALE_DOWN_DELAY_S), **in_place)
     job_dir = state_dir() / "demo"
     shutil.rmtree(job_dir, ignore_errors=True)
     logs = state_dir() / "logs"
@@ -64,7 +67,7 @@ def run_demo(settings: Settings, shape: str, cost_ms: float, partitions: int, ma
     runner = start_job_runner(settings, JOB, job_dir, logs / "runner.log", max_parallelism=max_parallelism,
                               options={"cost_ms": str(cost_ms), "input_topic": input_topic,
                                        "output_topic": output_topic},
-                              args=["--master", spark.url] if spark is not None else None)
+                              args=["--master", spark.url, "--backend", "inplace"] if spark is not None else None)
     load = start_load(settings, input_topic, logs / "load.log", ["--shape", shape], partitions=partitions)
     run = LiveRun(started=time.time())
     console.print(f"demo job started (runner pid {runner.pid}); load: {shape}; topics {input_topic} -> "

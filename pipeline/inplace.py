@@ -113,6 +113,7 @@ class InPlaceExecutors(RestartFromCheckpoint):
         )
         super().__init__(config, build)
         self.max_parallelism = max_parallelism
+        self.fixed_tasks = max_parallelism
         self.register_timeout_s = register_timeout_s
         self.control: ExecutorControl | None = None
 

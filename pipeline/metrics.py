@@ -147,6 +147,7 @@ class IntervalAggregator:
     job_id: str
     started_at: float  # epoch s; the first interval starts here
     splittable: bool = True
+    shuffle_partitions: int | None = None  # reported when fixed whatever the parallelism (in place)
     _interval_start: float = field(init=False)
     _records_in: int = field(default=0, init=False)
     _batches: int = field(default=0, init=False)
@@ -230,6 +231,7 @@ class IntervalAggregator:
             source=source,
             batches=self._batches,
             batch_time_s=self._batch_time_s,
+            shuffle_partitions=self.shuffle_partitions,
         )
         self._interval_start = end
         self._records_in = 0
@@ -256,6 +258,7 @@ def build_metric_report(
     worker_id: str = "driver",
     batches: int | None = None,
     batch_time_s: float | None = None,
+    shuffle_partitions: int | None = None,
 ) -> MetricReport:
     """A MetricReport from plain numbers; CPU utilisation is CPU time over the slots' time."""
     interval_s = min(max(interval_s, 1e-3), 3600.0)
@@ -275,4 +278,5 @@ def build_metric_report(
         source=source,
         batches=None if batches is None else max(0, batches),
         batch_time_s=None if batches is None else min(86_400.0, max(0.0, batch_time_s or 0.0)),
+        shuffle_partitions=shuffle_partitions,
     )

@@ -117,6 +117,7 @@ class MetricsReporter(StreamingQueryListener):
         splittable: bool = True,
         on_report: Callable[[MetricReport], None] | None = None,
         security: Mapping[str, str] | None = None,
+        shuffle_partitions: int | None = None,
     ):
         super().__init__()
         from confluent_kafka import Producer
@@ -132,7 +133,8 @@ class MetricsReporter(StreamingQueryListener):
         self.on_report = on_report
         self.published = 0
         self.failures = 0
-        self._aggregator = IntervalAggregator(job_id=job_id, started_at=time.time(), splittable=splittable)
+        self._aggregator = IntervalAggregator(job_id=job_id, started_at=time.time(), splittable=splittable,
+                                              shuffle_partitions=shuffle_partitions)
         self._stages = SparkStages(spark)
         self._tracker = StageTracker()
         self._producer: Producer = Producer(
@@ -271,6 +273,7 @@ def attach_reporter(
     splittable: bool = True,
     on_report: Callable[[MetricReport], None] | None = None,
     security: Mapping[str, str] | None = None,
+    shuffle_partitions: int | None = None,
 ) -> MetricsReporter:
     """Attach a reporter to one query (a StreamingQuery, matched by its id, or a query name).
 
@@ -295,6 +298,7 @@ def attach_reporter(
         splittable=splittable,
         on_report=on_report,
         security=kafka_security_config(settings) if security is None else security,
+        shuffle_partitions=shuffle_partitions,
     )
     spark.streams.addListener(reporter)
     return reporter

@@ -91,6 +91,9 @@ class RestartFromCheckpoint:
     `execute.backend.ScalingBackend` of kind `restart`). Not thread-safe: drive it from one thread."""
 
     kind = BackendKind.RESTART
+    # The query's task count when it stays the same whatever the parallelism (in place: the maximum),
+    # reported as its shuffle partitions so that the planner knows a batch runs in ceil(tasks / p) waves.
+    fixed_tasks: int | None = None
 
     def __init__(self, config: SparkJobConfig, build: BuildFunction | None = None):
         self.config = config
@@ -182,6 +185,7 @@ class RestartFromCheckpoint:
             min_interval_s=self.config.report_interval_s,
             output_counter=ctx.output,
             security=self.config.kafka_security,
+            shuffle_partitions=self.fixed_tasks,
         )
 
     def _wait_first_batch(self, deadline: float) -> None:

@@ -137,3 +137,22 @@ def planned_capacity(value: str) -> tuple[tuple[int, float], ...]:
     """A job's planned capacity, parsed once per distinct setting (a plan holds up to 4,096 pairs and
     every window of the job would parse it again)."""
     return tuple(parse_planned_capacity(value).items())
+
+
+def in_waves(capacity: np.ndarray, tasks: list[int]) -> np.ndarray:
+    """The capacity at p = 0..max of a job whose stages run a fixed number of tasks each (`tasks`: one
+    count per stage that cannot split further, e.g. the shuffle partitions of a job rescaled in place).
+
+    A stage of T tasks on p slots runs in ceil(T / p) waves, so it works as fast as T / ceil(T / p)
+    fully busy slots: 4 tasks on 3 slots take two waves, as on 2 slots. `capacity` counts busy slots (DS2's
+    true rates are per busy second), so the capacity at p is the one at that many busy slots,
+    interpolated between integers, and the slowest stage bounds the job. (Partition alignment in
+    `plan.controls` rounds a chosen parallelism; this lets the search see the waste before it chooses.)"""
+    out = capacity.copy()
+    slots = np.arange(len(capacity))
+    for count in tasks:
+        if count < 1:
+            continue
+        busy = count / np.ceil(count / np.maximum(slots[1:], 1))
+        out[1:] = np.minimum(out[1:], np.interp(busy, slots, capacity))
+    return out

@@ -12,7 +12,8 @@ plans with, each an estimate on the safe side:
   fitted through them (exponent at most 1: slots never add more than linearly), less its measured
   noise; for a micro-batch job, as a saturated job runs (`plan.batching`): each window's rate raised
   to the one full batches show (DS2's rate falls at small batches: a task has a fixed cost), times the
-  share of a full batch its slots spend on records (a fixed cost per batch), all measured online;
+  share of a full batch its slots spend on records (a fixed cost per batch), all measured online; for a
+  job whose task count stays fixed (in place), as its batches run, in ceil(tasks / p) waves (`in_waves`);
 - actions: the measured restart time of each direction (the plan state's downtimes), the replay
   since the last checkpoint (half a checkpoint interval of arrivals), and a penalty per action; for a
   job whose executors are changed in place (`scaling_backend`), a scale-up's measured time at the old
@@ -46,8 +47,8 @@ from contracts.messages import Action, Analysis, DecisionReason, ForecastView
 from contracts.periods import excluded_at, parse_periods
 from contracts.plan_state import PlanState
 from plan.batching import BatchCost
-from plan.capacity_estimate import FIT_MIN_WINDOWS, Measured, SlotStats, capacities, planned_capacity
-from plan.controls import bounded_step, heading_beyond_target
+from plan.capacity_estimate import FIT_MIN_WINDOWS, Measured, SlotStats, capacities, in_waves, planned_capacity
+from plan.controls import bounded_step, heading_beyond_target, partition_units
 from plan.cost_plan import PlanProblem, Schedule, describe, solve
 from plan.forecast_skill import ForecastSkill, note
 from plan.guarded import admit, rescale_updates
@@ -203,7 +204,7 @@ class CostPlanner:
         efficiency = memory.batch.efficiency if memory.batch is not None else 1.0
         capacity = capacities(memory.known, config.max_parallelism, noise, self.capacity_z if quantiles else 0.0,
                               {p: c / efficiency for p, c in planned.items()}, config.planned_capacity_error)
-        capacity = capacity * efficiency
+        capacity = in_waves(capacity * efficiency, [count for _, count in partition_units(analysis)])
         up, down = downtimes_expected(state.downtimes, config)
         costs = planned_costs(backend_in_use(config.scaling_backend, state.backend)[0], state.downtimes, up, down,
                               (analysis.arrival_rate or 0.0) * config.checkpoint_interval_s / 2)

@@ -17,7 +17,7 @@ from contracts.plan_state import Downtimes, PlanState
 from evaluation.job_models import demo_model
 from evaluation.simulator import PolicyRun, PolicyRunner, rate_factors, simulate
 from evaluation.traces import load_trace
-from plan.capacity_estimate import Measured, capacities
+from plan.capacity_estimate import Measured, capacities, in_waves
 from plan.cost_plan import PlanProblem, describe, solve
 from plan.forecast_skill import ForecastSkill, note
 from plan.level import LevelState, update
@@ -589,3 +589,30 @@ def test_a_drop_is_measured_for_two_windows_before_the_one_scale_down() -> None:
         if plan.action is Action.SCALE_DOWN:
             downs.append(plan.to_parallelism)
     assert downs and downs[0] <= 2  # straight to the new level's size, not to the straddling window's
+
+
+def test_a_fixed_task_count_runs_in_waves_and_the_plan_never_pays_for_an_idle_slot() -> None:
+    """In place, the query runs 4 tasks whatever its executors: on 3 they take two waves, as on 2. A step
+    that 3 busy slots would carry (520 rec/s at 230 per slot) needs 4; without the task count the
+    planner chooses 3."""
+    capacity = np.array([0.0, 230.0, 460.0, 690.0, 920.0])
+    assert list(in_waves(capacity, [4])) == [0.0, 230.0, 460.0, 460.0, 920.0]
+    assert list(in_waves(capacity, [])) == list(capacity)
+    eight = in_waves(np.arange(9.0), [8])
+    assert list(eight[5:8]) == [4.0, 4.0, 4.0] and eight[3] == pytest.approx(8 / 3)
+    assert list(in_waves(capacity, [4, 2])) == [0.0, 230.0, 460.0, 460.0, 460.0]  # the slowest stage bounds
+
+    def first_scale_up(tasks: int | None) -> int:
+        planner, config, state = CostPlanner(), JobConfig(max_parallelism=4), PlanState()
+        for i in range(8):
+            state, plan = planner.decide(state, window(10.0 * i, 1, 150.0, per_slot=230.0).model_copy(
+                update={"shuffle_partitions": tasks}), config)
+        for i, backlog in enumerate((3_000, 5_000, 7_000)):
+            state, plan = planner.decide(state, window(80.0 + 10 * i, 1, 520.0, per_slot=230.0, backlog=backlog)
+                                         .model_copy(update={"shuffle_partitions": tasks}), config)
+            if plan.action is Action.SCALE_UP:
+                return plan.to_parallelism
+        raise AssertionError("no scale-up at the step")
+
+    assert first_scale_up(None) == 3
+    assert first_scale_up(4) == 4

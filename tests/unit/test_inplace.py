@@ -89,7 +89,9 @@ def test_a_cluster_rescales_in_place_with_the_task_count_fixed_at_the_maximum(tm
     assert backend.config.options["minPartitions"] == "6"
     assert backend.config.spark_conf["spark.sql.shuffle.partitions"] == "6"
     assert backend.config.spark_conf["spark.dynamicAllocation.enabled"] == "false"
+    assert backend.fixed_tasks == 6  # reported, so that the planner knows the batches' waves
     assert choose_backend("restart", cluster, 6).kind is BackendKind.RESTART
+    assert choose_backend("restart", cluster, 6).fixed_tasks is None
     assert choose_backend("auto", cluster, None).kind is BackendKind.RESTART  # no maximum: no fixed task count
     with pytest.raises(typer.BadParameter):
         choose_backend("inplace", cluster, None)

@@ -87,6 +87,15 @@ def test_aggregator_prefers_the_jobs_own_output_count() -> None:
     assert report is not None
     assert report.records_out == 4
     assert report.cpu_utilization is None
+    assert report.shuffle_partitions is None  # a task count that follows the parallelism is not reported
+
+
+def test_a_task_count_fixed_whatever_the_parallelism_is_reported_as_the_shuffle_partitions() -> None:
+    agg = IntervalAggregator(job_id="j", started_at=0.5, shuffle_partitions=4)  # in place, at most 4 executors
+    agg.add(sample(1.0, 10, {0: 10}, {0: 10}))
+    agg.add(sample(2.0, 10, {0: 20}, {0: 20}))
+    report = agg.report(parallelism=3, stages=StageTotals())
+    assert report is not None and report.shuffle_partitions == 4 and report.parallelism == 3
 
 
 def test_aggregator_without_source_offsets_reports_no_source() -> None:
