@@ -89,7 +89,7 @@ def run_demo(settings: Settings, shape: str, cost_ms: float, partitions: int, ma
         produced = _produced(logs / "load.log")
         ids = (written_ids(settings.kafka_bootstrap, output_topic, produced, timeout_s=60.0, late_s=2.0)
                if produced is not None else [])
-        summary = demo_summary(run, produced, ids, SCALE_DOWN_DELAY_S)
+        summary = demo_summary(run, produced, ids, SCALE_DOWN_DELAY_S) | {"in_place": cluster == "standalone"}
         _print_summary(console, summary)
         png = _plot(run, logs.parent / f"demo-{run_id}.png")
         png.with_suffix(".json").write_text(json.dumps(summary | {"shape": shape, "timeline": run.timeline()},
@@ -181,7 +181,8 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
     exactly_once = s["records_in"] is not None and s["missing"] == 0 and s["duplicates"] == 0
     rows = [
         ("actions", f"{s['scale_ups']} up, {s['scale_downs']} down, {s['failed']} failed: parallelism {s['path']} "
-                    f"(restarts {', '.join(f'{d:g} s' for d in s['downtimes_s']) or 'none'})"),
+                    f"({'in place, to new executors or held' if s.get('in_place') else 'restarts'} "
+                    f"{', '.join(f'{d:g} s' for d in s['downtimes_s']) or 'none'})"),
         ("slot-seconds", f"{s['slot_seconds']:,} over {s['span_s']} s; {s['peak_slot_seconds']:,} at "
                          f"{s['peak_parallelism']} slots throughout ({saved:.0%} saved)"),
         ("peak backlog", f"{s['peak_backlog']:,} records; {s['beyond_target_s'] or 0:.0f} s of windows beyond the "

@@ -138,7 +138,7 @@ def recovery_notice(recovery: RecoveryView, pending: PendingRecovery | None, sta
     return DecisionReason(
         code="recovered", rule="recovery_detection",
         message=f"back to normal {observed:.0f} s after the rescale {recovery.from_parallelism} -> "
-                f"{recovery.to_parallelism} stopped the job ({shown}; judged {recovery.judge})",
+                f"{recovery.to_parallelism} began ({shown}; judged {recovery.judge})",
         numbers={"observed_s": round(observed, 3), "predicted_s": predicted,
                  "error_s": None if error is None else round(error, 3),
                  "detected_s": round(recovery.observed_s, 3),
