@@ -360,10 +360,15 @@ class RunnerReport(Contract):
 
     @property
     def partially_applied(self) -> bool:
-        """A failed change that went part of the way: the job runs strictly between where it was and
-        the target (a cluster that granted some of the executors asked for)."""
-        low, high = sorted((self.from_parallelism, self.to_parallelism))
-        return self.status is RunnerStatus.FAILED and low < self.running_parallelism < high
+        """A failed change that went part of the way (`went_part_way`)."""
+        return self.status is RunnerStatus.FAILED and went_part_way(
+            self.from_parallelism, self.running_parallelism, self.to_parallelism)
+
+
+def went_part_way(before: int, running: int, target: int) -> bool:
+    """Whether a change from `before` to `target` stopped strictly between them, at `running` (a cluster
+    that granted some of the executors asked for)."""
+    return min(before, target) < running < max(before, target)
 
 
 # ---------------------------------------------------------------- output: scaling events

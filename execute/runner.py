@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from contracts.backends import ActionCost
-from contracts.messages import RescaleCommand, RunnerReport, RunnerStatus
+from contracts.messages import RescaleCommand, RunnerReport, RunnerStatus, went_part_way
 from contracts.plan_state import Downtimes
 from contracts.settings import Settings, get_settings
 from execute.backend import RunnerFatal, ScalingBackend, StartError
@@ -144,7 +144,7 @@ class RunnerState:
 
 def partial_note(before: int, running: int, target: int) -> str:
     """The head of a failed change's error when it went part of the way (`RunnerReport.partially_applied`)."""
-    if min(before, target) < running < max(before, target):
+    if went_part_way(before, running, target):
         return f"partially applied: the job runs at {running} of {target} (from {before}); "
     return ""
 
