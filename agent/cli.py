@@ -276,6 +276,23 @@ def watch(
     watch_topics(get_settings(), seconds, all_decisions, console)
 
 
+@app.command()
+def dashboard(
+    port: Annotated[int, typer.Option(help="Port of the dashboard's pages.")] = 8050,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    agent: Annotated[list[str] | None, typer.Option(
+        help="Base URL of an agent worker whose health the header shows (repeatable); default this "
+             "machine's agents on the configured web port.")] = None,
+) -> None:
+    """Serve the live dashboard: every job, its load, capacity, forecast, decisions and backlog."""
+    from agent.dashboard import serve
+
+    settings = get_settings()
+    agents = agent or [f"http://127.0.0.1:{settings.web_port}"]
+    console.print(f"dashboard on http://{host}:{port}/ (agents: {', '.join(agents)})")
+    serve(settings, host, port, agents)
+
+
 # ---------------------------------------------------------------- demo
 
 

@@ -23,11 +23,11 @@ def is_suppression(decision: dict[str, Any]) -> bool:
     return decision["action"] == "none" and recommended is not None and recommended != decision["from_parallelism"]
 
 
-def _clock(timestamp: float) -> str:
+def clock(timestamp: float) -> str:
     return dt.datetime.fromtimestamp(timestamp, tz=dt.UTC).strftime("%H:%M:%S")
 
 
-def _numbers(decision: dict[str, Any]) -> str:
+def numbers_text(decision: dict[str, Any]) -> str:
     numbers = decision["reason"].get("numbers") or {}
     parts = []
     for name in KEY_NUMBERS:
@@ -46,9 +46,9 @@ def decision_table(decisions: list[dict[str, Any]], only_changes: bool = False) 
         style = "bold" if d["action"] != "none" else ("yellow" if is_suppression(d) else "dim")
         recommended = d.get("recommended_parallelism")
         table.add_row(
-            _clock(d["window_end"]), d["action"], str(d["from_parallelism"]), str(d["to_parallelism"]),
+            clock(d["window_end"]), d["action"], str(d["from_parallelism"]), str(d["to_parallelism"]),
             "" if recommended is None else str(recommended), d["reason"].get("rule", ""), d["reason"]["code"],
-            d["reason"]["message"], _numbers(d), style=style,
+            d["reason"]["message"], numbers_text(d), style=style,
         )
     return table
 
@@ -61,7 +61,7 @@ def summary(decisions: list[dict[str, Any]]) -> list[str]:
     lines: list[str] = []
     actions = [i for i, d in enumerate(decisions) if d["action"] != "none"]
     latest = decisions[0]
-    lines.append(f"latest window ({_clock(latest['window_end'])}): {latest['reason']['code']}: "
+    lines.append(f"latest window ({clock(latest['window_end'])}): {latest['reason']['code']}: "
                  f"{latest['reason']['message']}")
     if not actions:
         lines.append(f"no scaling action among the last {len(decisions)} decisions")
@@ -70,7 +70,7 @@ def summary(decisions: list[dict[str, Any]]) -> list[str]:
         last = decisions[actions[0]]
         lines.append(
             f"last action: {last['action']} {last['from_parallelism']} -> {last['to_parallelism']} at "
-            f"{_clock(last['window_end'])} ({last['reason'].get('rule', '')}/{last['reason']['code']}): "
+            f"{clock(last['window_end'])} ({last['reason'].get('rule', '')}/{last['reason']['code']}): "
             f"{last['reason']['message']}"
         )
         previous = actions[1] if len(actions) > 1 else len(decisions)

@@ -129,6 +129,9 @@ class MemoryKnowledge:
         recent = self._recent(job_id, "rates", 1)
         return recent[0] if recent else None
 
+    async def analyses(self, job_id: str, limit: int = 720) -> list[dict[str, Any]]:
+        return self._recent(job_id, "rates", limit)
+
     async def learned(self, job_id: str) -> dict[str, Any] | None:
         raw = self._values.get((job_id, "learned"))
         return json.loads(raw) if raw else None

@@ -69,6 +69,10 @@ class AnalysisModels(Protocol):
 
     async def last_analysis(self, job_id: str) -> dict[str, Any] | None: ...
 
+    async def analyses(self, job_id: str, limit: int = 720) -> list[dict[str, Any]]:
+        """Analyze's published windows, newest first (the history the dashboard charts)."""
+        ...
+
     async def learned(self, job_id: str) -> dict[str, Any] | None:
         """The capacity model and recovery detector (analyze.proactive.Learned as a dict)."""
         ...

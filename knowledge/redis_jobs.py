@@ -94,6 +94,9 @@ class RedisJobs(RedisBase):
         recent = await self._recent_json(job_id, "rates", 1)
         return recent[0] if recent else None
 
+    async def analyses(self, job_id: str, limit: int = 720) -> list[dict[str, Any]]:
+        return await self._recent_json(job_id, "rates", limit)
+
     async def learned(self, job_id: str) -> dict[str, Any] | None:
         raw = await self.redis.get(self._key(job_id, "learned"))
         return json.loads(raw) if raw else None

@@ -107,6 +107,38 @@ def start_agents(
     return worker
 
 
+@dataclass
+class DashboardProcess:
+    """One `autoscaler dashboard` process."""
+
+    process: Popen[bytes]
+    log_path: Path
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        stop_pid(self.process.pid, timeout=15, process=self.process)
+
+
+def start_dashboard(settings: Settings, log_path: Path, agents: list[str] | None = None,
+                    port: int | None = None, timeout: float = AGENT_START_TIMEOUT_S) -> DashboardProcess:
+    """`autoscaler dashboard` on `port` (a free one by default), ready when the port answers."""
+    port = port or free_port()
+    argv = autoscaler_argv("dashboard", "--port", str(port))
+    for url in agents or []:
+        argv += ["--agent", url]
+    dashboard = DashboardProcess(spawn("dashboard", argv, log_path, settings_env(settings)), log_path, port)
+    try:
+        wait_for_port("127.0.0.1", port, timeout=timeout)
+    except TimeoutError:
+        dashboard.stop()
+        raise RuntimeError(f"the dashboard did not start:\n{log_path.read_text(errors='replace')[-3000:]}") from None
+    return dashboard
+
+
 def start_job_runner(
     settings: Settings,
     job_id: str,

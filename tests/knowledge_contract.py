@@ -77,6 +77,9 @@ async def analyses_are_kept_newest_first_and_trimmed(k: Knowledge, job: str) -> 
         await k.commit_window(job, "analyze", float(i), analysis, values={"learned": json.dumps({"n": i})})
     assert (await k.last_analysis(job) or {})["parallelism"] == limit + 4
     assert await k.last_valid_analysis(job, scan=limit) is None  # window 3 was trimmed away
+    history = await k.analyses(job, limit=limit + 5)
+    assert [a["parallelism"] for a in history] == list(range(limit + 4, 4, -1))  # newest first, trimmed
+    assert [a["parallelism"] for a in await k.analyses(job, limit=2)] == [limit + 4, limit + 3]
     assert await k.learned(job) == {"n": limit + 4}
     await k.save_forecast(job, '{"points": 3}', b"model")
     assert await k.forecast(job) == ('{"points": 3}', b"model")

@@ -1,0 +1,133 @@
+"""What the dashboard shows, computed from knowledge's records: pure functions, no I/O.
+
+Records come as knowledge returns them (newest first); charts go out oldest first, each chart's
+series aligned on one time axis (uPlot's data layout: `x` and one list per series, `None` where a
+series has no point)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from agent.explain import clock, is_suppression, numbers_text
+
+# A job whose last analysis is older than this many windows (and at least a minute) is stale.
+STALE_WINDOWS = 3
+# The forecast drawn ahead of the last window: at least this long, else half the history's span.
+FORECAST_SHOWN_MIN_S = 300.0
+
+
+def health(last_analysis: dict[str, Any] | None, last_event: dict[str, Any] | None, backlog_target_s: float,
+           window_s: float, now: float) -> str:
+    """One word for the job list: no data, stale, rescale failed, behind (backlog over its target), ok."""
+    if last_analysis is None:
+        return "no data"
+    if now - float(last_analysis.get("closed_at") or 0.0) > max(60.0, STALE_WINDOWS * window_s):
+        return "stale"
+    if last_event is not None and last_event.get("type") == "failed":
+        return "rescale failed"
+    backlog, arrival = last_analysis.get("backlog"), last_analysis.get("arrival_rate")
+    if backlog is not None and arrival is not None and backlog > backlog_target_s * arrival:
+        return "behind"
+    return "ok"
+
+
+def decision_detail(decision: dict[str, Any]) -> dict[str, Any]:
+    """A decision as `autoscaler explain` prints a row of its table."""
+    reason = decision.get("reason") or {}
+    return {
+        "t": decision["window_end"], "clock": clock(decision["window_end"]), "action": decision["action"],
+        "from": decision["from_parallelism"], "to": decision["to_parallelism"],
+        "recommended": decision.get("recommended_parallelism"), "rule": reason.get("rule", ""),
+        "code": reason.get("code", ""), "message": reason.get("message", ""), "numbers": numbers_text(decision),
+        "suppressed": is_suppression(decision),
+    }
+
+
+def job_summary(job_id: str, config: dict[str, Any], parallelism: int | None, last_analysis: dict[str, Any] | None,
+                last_decision: dict[str, Any] | None, last_event: dict[str, Any] | None, window_s: float,
+                now: float) -> dict[str, Any]:
+    """A row of the job list."""
+    running = parallelism if parallelism is not None else (last_analysis or {}).get("parallelism")
+    return {
+        "job_id": job_id, "mode": config["mode"], "policy": config["policy"], "parallelism": running,
+        "last_decision": None if last_decision is None else decision_detail(last_decision),
+        "health": health(last_analysis, last_event, config["backlog_target_s"], window_s, now),
+    }
+
+
+def _aligned(columns: dict[str, dict[float, float | None]]) -> dict[str, list[Any]]:
+    """Series keyed by time, on the union of their times, oldest first."""
+    times = sorted({t for points in columns.values() for t in points})
+    return {"x": times, **{name: [points.get(t) for t in times] for name, points in columns.items()}}
+
+
+def _capacity(analysis: dict[str, Any]) -> float | None:
+    capacity = analysis.get("capacity") or {}
+    return capacity.get("current")
+
+
+def _forecast(analyses: list[dict[str, Any]]) -> tuple[dict[float, float], dict[float, float]]:
+    """The newest forecast's points and upper band, ahead of its window: at most half the history's span
+    ahead of the last window (and at least a few minutes), so the history stays readable beside it."""
+    if not analyses:
+        return {}, {}
+    span = float(analyses[0]["window_end"]) - float(analyses[-1]["window_end"])
+    until = float(analyses[0]["window_end"]) + max(span / 2, FORECAST_SHOWN_MIN_S)
+    for analysis in analyses:
+        forecast = analysis.get("forecast")
+        if forecast and forecast.get("values"):
+            start, step = float(forecast["start"]), float(forecast["step_s"])
+
+            def ahead(points: list[float]) -> dict[float, float]:
+                return {start + i * step: float(v) for i, v in enumerate(points) if start + i * step <= until}
+
+            return ahead(forecast["values"]), ahead(forecast.get("upper") or [])
+    return {}, {}
+
+
+def job_series(analyses: list[dict[str, Any]], decisions: list[dict[str, Any]],
+               backlog_target_s: float) -> dict[str, Any]:
+    """Every chart of a job's page, from its analyses and decisions (both newest first)."""
+    oldest_first = list(reversed(analyses))
+
+    def column(read: Any) -> dict[float, float | None]:
+        return {float(a["window_end"]): read(a) for a in oldest_first}
+
+    forecast, upper = _forecast(analyses)
+    rates = _aligned({
+        "arrival": column(lambda a: a.get("arrival_rate")),
+        "processed": column(lambda a: a.get("observed_processing_rate")),
+        "capacity": column(_capacity),
+        "forecast": forecast,
+        "forecast_upper": upper,
+    })
+    marked = [d for d in reversed(decisions) if d["action"] != "none" or is_suppression(d)]
+    parallelism = _aligned({
+        "parallelism": column(lambda a: a.get("parallelism")),
+        "decisions": {float(d["window_end"]): d.get("recommended_parallelism") or d["to_parallelism"] for d in marked},
+    })
+    backlog = _aligned({
+        "backlog": column(lambda a: a.get("backlog")),
+        "target": column(lambda a: None if a.get("arrival_rate") is None else backlog_target_s * a["arrival_rate"]),
+    })
+    predicted = {float(d["window_end"]): (d.get("reason") or {}).get("numbers", {}).get("predicted_recovery_s")
+                 for d in marked if d["action"] != "none"}
+    observed = {float(a["recovery"]["started_at"]): a["recovery"]["observed_s"]
+                for a in oldest_first if a.get("recovery")}
+    recovery = _aligned({"predicted": {t: v for t, v in predicted.items() if v is not None}, "observed": observed})
+    return {
+        "rates": rates, "parallelism": parallelism, "backlog": backlog, "recovery": recovery,
+        "markers": {f"{float(d['window_end']):.3f}": decision_detail(d) for d in marked},
+        "decisions": [decision_detail(d) for d in decisions[:20]],
+        "windows": len(analyses),
+        "last_window_end": analyses[0]["window_end"] if analyses else None,
+    }
+
+
+def page_of(job_ids: Iterable[str], query: str, page: int, size: int) -> tuple[list[str], int]:
+    """The sorted job ids that contain `query` (case-insensitive), the `page`-th slice (from 1), and the total."""
+    needle = query.strip().lower()
+    matching = sorted(job for job in job_ids if needle in job.lower())
+    start = (max(page, 1) - 1) * size
+    return matching[start:start + size], len(matching)

@@ -1,0 +1,172 @@
+"""The dashboard in a real browser: real broker, Redis and agents, `autoscaler dashboard`, headless Chromium.
+
+The charts must draw what the agents hold in Redis, a new decision must appear without a reload, the
+job list must load in under a second with 1,000 registered jobs, an unknown job must get a 404 page
+with the jobs, and an agent the dashboard cannot reach must show as unreachable."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contracts.messages import MetricReport, SourceMetrics
+from contracts.settings import Settings
+from knowledge import RedisKnowledge
+from stack.processes import free_port
+from stack.services import AgentWorker, register_jobs, start_dashboard
+from tests.browser import chromium
+from tests.conftest import wait_until
+from tests.integration.kafka_helpers import send
+
+pytestmark = pytest.mark.integration
+
+JOB = "clicks-enrich"
+OTHER_JOBS = 1000
+# Where the screenshots also go when set (the README's come from here).
+SCREENSHOT_DIR = os.environ.get("AUTOSCALER_SCREENSHOT_DIR")
+
+
+def reports(start: float, seconds: int) -> list[MetricReport]:
+    """A job at one slot (1,000 rec/s) under 2,500-3,500 rec/s, then at four: its backlog grows, then drains."""
+    backlog, out = 0.0, []
+    for i in range(1, seconds + 1):
+        slots = 1 if i <= 120 else 4
+        arrival = 3000.0 + 500.0 * math.sin(2 * math.pi * i / 200)
+        processed = min(1000.0 * slots, arrival + backlog)
+        backlog = max(0.0, backlog + arrival - processed)
+        out.append(MetricReport(
+            job_id=JOB, timestamp=start + i, interval_s=1.0, parallelism=slots, records_in=int(processed),
+            records_out=int(processed), busy_time_s=processed / 1000.0,
+            source=SourceMetrics(arrival_rate=arrival, backlog=int(backlog), partitions=12)))
+    return out
+
+
+def publish(settings: Settings, batch: list[MetricReport]) -> None:
+    send(settings, settings.topics.metrics, [(JOB.encode(), r.to_bytes()) for r in batch])
+
+
+def knowledge_read(settings: Settings, fn: Any) -> Any:
+    async def go() -> Any:
+        knowledge = RedisKnowledge(settings)
+        try:
+            return await fn(knowledge)
+        finally:
+            await knowledge.close()
+
+    return asyncio.run(go())
+
+
+def state(driver: Any) -> dict[str, Any]:
+    return driver.execute_script("return window.dashboard") or {}
+
+
+def page_problem(driver: Any) -> str:
+    """What the page says went wrong, and the browser's console, for a failure's message."""
+    errors = driver.find_elements("id", "error")
+    shown = errors[0].text if errors else ""
+    return f"page error: {shown!r}; console: {driver.get_log('browser')}"
+
+
+def wait_page(driver: Any, predicate: Any, timeout: float, message: str) -> Any:
+    """`wait_until` on the page, saying what the page showed when it times out."""
+    try:
+        return wait_until(predicate, timeout, message=message)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {page_problem(driver)}; state: {state(driver)}") from None
+
+
+def screenshot(driver: Any, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    assert driver.save_screenshot(str(path)), f"no screenshot {name}"
+    assert path.stat().st_size > 10_000
+    if SCREENSHOT_DIR:
+        Path(SCREENSHOT_DIR).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(SCREENSHOT_DIR) / name)
+    return path
+
+
+def test_dashboard_draws_what_the_agents_hold_and_updates_live(
+    settings: Settings, agents: AgentWorker, tmp_path: Path
+) -> None:
+    register_jobs(settings, [JOB], policy="reactive", mode="recommend", target_utilization="0.8",
+                  stabilization_windows="0", min_samples="1", max_parallelism="8")
+    register_jobs(settings, [f"job-{i:04d}" for i in range(OTHER_JOBS)])
+    start = math.floor(time.time() / 10) * 10 - 400
+    load = reports(start, 320)
+    publish(settings, load[:301])  # 30 windows closed
+    wait_until(lambda: len(knowledge_read(settings, lambda k: k.decisions(JOB, 50))) >= 30, 90,
+               message="30 decisions")
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    dashboard = start_dashboard(settings, tmp_path / "dashboard.log",
+                                agents=[f"http://127.0.0.1:{agents.web_port}", dead])
+    try:
+        with chromium(height=1300) as driver:
+            # The job list, with 1,001 jobs registered: paged, searchable, fast.
+            driver.get(f"{dashboard.url}/")
+            listed = wait_page(driver, lambda: state(driver).get("readyAt") and state(driver), 20, "the job list")
+            assert listed["total"] == OTHER_JOBS + 1 and listed["jobs"] == 50
+            assert listed["readyAt"] < 1000, f"the job list took {listed['readyAt']:.0f} ms"
+            agents_shown = wait_page(driver, lambda: state(driver).get("agents"), 10, message="the agents' health")
+            assert {a["url"]: a["status"] for a in agents_shown} == {
+                f"http://127.0.0.1:{agents.web_port}": "ok", dead: "unreachable"}
+            assert "unreachable" in driver.find_element("id", "agents").text
+            box = driver.find_element("id", "q")
+            box.send_keys(JOB[:6])
+            wait_page(driver, lambda: state(driver).get("total") == 1, 10, message="the search")
+            assert JOB in driver.find_element("id", "jobs").text
+            screenshot(driver, tmp_path, "dashboard-jobs.png")
+
+            # The job's page draws exactly the analyses and decisions Redis holds.
+            driver.get(f"{dashboard.url}/jobs/{JOB}")
+            driver.execute_script("window.notReloaded = true")
+            analyses = knowledge_read(settings, lambda k: k.analyses(JOB))
+            shown = wait_page(driver, lambda: state(driver).get("windows") == len(analyses) and state(driver), 20,
+                               message="the charts")
+            assert len(driver.find_elements("css selector", "[data-chart] canvas")) == 4
+            assert shown["series"]["arrival"] == shown["series"]["parallelism"] == len(analyses)
+            assert shown["last"]["arrival"] == pytest.approx(analyses[0]["arrival_rate"])
+            assert shown["last"]["backlog"] == analyses[0]["backlog"]
+            assert shown["last"]["parallelism"] == analyses[0]["parallelism"]
+            assert shown["series"]["backlog"] == shown["series"]["target"] == len(analyses)
+            newest = knowledge_read(settings, lambda k: k.decisions(JOB, 1))[0]
+            assert shown["lastDecision"]["t"] == newest["window_end"]
+            assert shown["markers"] >= 1  # the saturated job's scale-ups (recommended) are marked
+            driver.find_element("css selector", "#decisions tbody tr").click()
+            assert newest["reason"]["code"] in driver.find_element("id", "detail").text
+            # Pointing at the last decision mark shows that decision's reason.
+            marked = driver.execute_script("""
+                const u = window.dashboardCharts.parallelism;
+                const i = u.data[2].findLastIndex(v => v !== null);
+                u.setCursor({left: u.valToPos(u.data[0][i], "x"), top: 10});
+                return u.data[0][i];""")
+            assert driver.execute_script("return window.dashboard.shownDecision.t") == marked
+            pointed = next(d for d in knowledge_read(settings, lambda k: k.decisions(JOB, 100))
+                           if d["window_end"] == marked)
+            assert f"[{pointed['reason']['rule']}/{pointed['reason']['code']}]" in driver.find_element("id", "detail").text
+
+            # More reports: the new decisions appear without a reload.
+            publish(settings, load[301:])
+            updated = wait_page(driver, lambda: (state(driver).get("lastWindowEnd") or 0) > shown["lastWindowEnd"]
+                                 and state(driver), 60, message="a new window on the page")
+            assert driver.execute_script("return window.notReloaded") is True
+            assert updated["updates"] > shown["updates"]
+            latest = knowledge_read(settings, lambda k: k.decisions(JOB, 1))[0]
+            wait_page(driver, lambda: (state(driver).get("lastDecision") or {}).get("t") == latest["window_end"], 10,
+                       message="the newest decision on the page")
+            driver.execute_script("window.scrollTo(0, 0)")
+            screenshot(driver, tmp_path, "dashboard-job.png")
+
+            # An unknown job: a 404 page that lists the jobs.
+            driver.get(f"{dashboard.url}/jobs/no-such-job")
+            assert "No job no-such-job" in driver.find_element("tag name", "h1").text
+            assert len(driver.find_elements("css selector", "#known li")) == 50
+    finally:
+        dashboard.stop()
