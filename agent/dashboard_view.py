@@ -67,6 +67,10 @@ def _capacity(analysis: dict[str, Any]) -> float | None:
     return capacity.get("current")
 
 
+def _points_until(points: list[float], start: float, step: float, until: float) -> dict[float, float]:
+    return {start + i * step: float(v) for i, v in enumerate(points) if start + i * step <= until}
+
+
 def _forecast(analyses: list[dict[str, Any]]) -> tuple[dict[float, float], dict[float, float]]:
     """The newest forecast's points and upper band, ahead of its window: at most half the history's span
     ahead of the last window (and at least a few minutes), so the history stays readable beside it."""
@@ -78,11 +82,8 @@ def _forecast(analyses: list[dict[str, Any]]) -> tuple[dict[float, float], dict[
         forecast = analysis.get("forecast")
         if forecast and forecast.get("values"):
             start, step = float(forecast["start"]), float(forecast["step_s"])
-
-            def ahead(points: list[float]) -> dict[float, float]:
-                return {start + i * step: float(v) for i, v in enumerate(points) if start + i * step <= until}
-
-            return ahead(forecast["values"]), ahead(forecast.get("upper") or [])
+            return (_points_until(forecast["values"], start, step, until),
+                    _points_until(forecast.get("upper") or [], start, step, until))
     return {}, {}
 
 

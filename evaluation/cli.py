@@ -17,6 +17,7 @@ from rich.progress import Progress
 
 from contracts.backends import BackendKind
 from evaluation.convergence import experiment
+from evaluation.html_report import report_page
 from evaluation.job_models import WARM_UP_S, JobModelError
 from evaluation.report import markdown, plot, print_convergence, print_held_out, print_table
 from evaluation.suite import EVALUATED, EvalSettings, calibration, cases_of, evaluate_all, summarize
@@ -57,6 +58,9 @@ def evaluate_command(
     json_out: Annotated[Path, typer.Option("--json", help="Where the JSON goes: per trace x regime x seed x "
                                            "policy, and the oracle's figures.")] = RESULTS / "evaluate.json",
     plots: Annotated[Path | None, typer.Option(help="Folder of the PNG plots; default next to the JSON.")] = None,
+    html: Annotated[Path | None, typer.Option(
+        help="Also write one self-contained HTML page here: the tables, and per trace and regime a chart of "
+             "the first seed's load and every policy's and the oracle's parallelism.")] = None,
     live: Annotated[bool, typer.Option(help="Replay one trace against the real Spark job through the agents.")] = False,
     live_minutes: Annotated[float, typer.Option(help="--live: minutes of replay.")] = 12.0,
     live_trace_hours: Annotated[float, typer.Option(help="--live: hours of the trace replayed in them.")] = 2.0,
@@ -100,6 +104,8 @@ def evaluate_command(
         settings.job().model(in_place=settings.backend is BackendKind.IN_PLACE)
     except JobModelError as exc:
         raise typer.BadParameter(str(exc), param_hint="--job-model") from None
+    if live and html is not None:
+        raise typer.BadParameter("the page reports the simulated suite, not --live", param_hint="--html")
     if live:
         from evaluation.live import run_live_evaluation
 
@@ -129,6 +135,10 @@ def evaluate_command(
     console.print(f"{len(policies)} policies x {len(cases)} cases, rescaled by {settings.backend.value}, in "
                   f"{elapsed:.1f} s on {workers} workers; wrote "
                   f"{json_out}, {json_out.with_suffix('.md').name} and {len(paths)} plots in {plot_dir}")
+    if html is not None:
+        html.parent.mkdir(parents=True, exist_ok=True)
+        html.write_text(report_page(results, summaries, settings), encoding="utf-8")
+        console.print(f"wrote the report page {html}")
 
 
 def calibrate_command(

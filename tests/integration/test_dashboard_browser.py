@@ -25,7 +25,7 @@ from tests.browser import chromium
 from tests.conftest import wait_until
 from tests.integration.kafka_helpers import send
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 JOB = "clicks-enrich"
 OTHER_JOBS = 1000
@@ -150,7 +150,8 @@ def test_dashboard_draws_what_the_agents_hold_and_updates_live(
             assert driver.execute_script("return window.dashboard.shownDecision.t") == marked
             pointed = next(d for d in knowledge_read(settings, lambda k: k.decisions(JOB, 100))
                            if d["window_end"] == marked)
-            assert f"[{pointed['reason']['rule']}/{pointed['reason']['code']}]" in driver.find_element("id", "detail").text
+            rule_and_code = f"[{pointed['reason']['rule']}/{pointed['reason']['code']}]"
+            assert rule_and_code in driver.find_element("id", "detail").text
 
             # More reports: the new decisions appear without a reload.
             publish(settings, load[301:])
