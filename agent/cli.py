@@ -321,11 +321,13 @@ def demo(
 @stack_app.command("up")
 def stack_up(
     agents_too: Annotated[bool, typer.Option("--agents/--no-agents", help="Also start the agents.")] = True,
+    durable: Annotated[bool, typer.Option(
+        "--durable", help="Keep the broker's data in a local S3 emulator (moto), not in memory.")] = False,
 ) -> None:
     """Start the broker, Redis (unless one answers) and the agents in the background."""
     from stack.embedded import Stack
 
-    Stack(get_settings()).up(with_agents=agents_too, console=console)
+    Stack(get_settings()).up(with_agents=agents_too, console=console, durable=durable)
 
 
 @stack_app.command("down")

@@ -4,6 +4,10 @@
 
 `up` records what it started in a state file; `down` stops exactly those processes (by their
 process groups) and nothing else, so an existing Redis that was merely used is left running.
+
+`up(durable=True)` also starts an S3 emulator (`stack.s3`) and the broker on `s3://` storage in
+it, so the broker's records, topics and group offsets survive a broker restart; the emulator
+records its requests under the state folder and replays them when it starts again.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from contracts.settings import Settings
 from infra.kafka import ensure_topics
 from infra.security import redact, redis_client_kwargs
 from stack.processes import pid_alive, port_open, start_broker, start_redis, stop_pid
+from stack.s3 import compact_recording, s3_storage, start_s3
 from stack.services import start_agents
 
 
@@ -58,7 +63,11 @@ class Stack:
         except redis.RedisError:
             return False
 
-    def up(self, with_agents: bool = True, console: Console | None = None, timeout: float = 90.0) -> dict[str, Any]:
+    def up(
+        self, with_agents: bool = True, console: Console | None = None, timeout: float = 90.0, durable: bool = False
+    ) -> dict[str, Any]:
+        """Start what is missing; with `durable`, a broker started here keeps its data in the S3
+        emulator (started too, its recording in the state folder), not in memory."""
         console = console or Console(quiet=True)
         logs = state_dir() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -66,11 +75,21 @@ class Stack:
 
         host, _, port = self.settings.kafka_bootstrap.partition(":")
         if not port_open(host, int(port)):
-            broker = start_broker(int(port), logs / "broker.log")
-            state["broker"] = {"pid": broker.pid, "port": broker.port}
-            console.print(f"broker (tansu) listening on {self.settings.kafka_bootstrap}")
+            storage = None
+            if durable:
+                if not self._alive(state.get("s3")):
+                    s3 = start_s3(log_path=logs / "s3.log", data_dir=state_dir() / "s3")
+                    state["s3"] = {"pid": s3.pid, "port": s3.port}
+                    self._save(state)
+                    console.print(f"S3 emulator (moto) on port {s3.port}, data in {state_dir() / 's3'}")
+                storage = s3_storage(int(state["s3"]["port"]))
+            broker = start_broker(int(port), logs / "broker.log", storage=storage)
+            state["broker"] = {"pid": broker.pid, "port": broker.port, "storage": storage.url if storage else "memory"}
+            console.print(f"broker (tansu) listening on {self.settings.kafka_bootstrap}, "
+                          f"storage {storage.url if storage else 'in memory'}")
         else:
-            console.print(f"broker: using the one at {self.settings.kafka_bootstrap}")
+            console.print(f"broker: using the one at {self.settings.kafka_bootstrap}"
+                          + (" (its storage stays as it is)" if durable else ""))
 
         if self._redis_answers():
             console.print(f"redis: using the one at {redact(self.settings.redis_url, self.settings)}")
@@ -115,8 +134,16 @@ class Stack:
     def down(self, console: Console | None = None) -> None:
         console = console or Console(quiet=True)
         state = self._load()
-        for name in ("agents", "broker", "redis"):  # consumers first, their services last
+        for name in ("agents", "broker", "redis", "s3"):  # consumers first, their services last
             entry = state.pop(name, None)
+            if name == "s3" and entry and pid_alive(int(entry["pid"])):
+                # The broker has stopped: the emulator's recording shrinks to one PUT per object,
+                # so the next `up --durable` replays it quickly.
+                try:
+                    objects = compact_recording(int(entry["port"]), state_dir() / "s3")
+                    console.print(f"S3 emulator: {objects} objects kept in {state_dir() / 's3'}")
+                except Exception as exc:  # the full recording stays; it is only slower to replay
+                    console.print(f"S3 emulator: recording not compacted ({exc})")
             if entry and pid_alive(int(entry["pid"])):
                 stop_pid(int(entry["pid"]), timeout=15)
                 console.print(f"stopped {name} (pid {entry['pid']})")
@@ -124,7 +151,8 @@ class Stack:
 
     def status(self, console: Console | None = None) -> dict[str, bool]:
         state = self._load()
-        alive = {name: self._alive(state.get(name)) for name in ("broker", "redis", "agents")}
+        parts = ("broker", "redis", "agents", *(("s3",) if "s3" in state else ()))
+        alive = {name: self._alive(state.get(name)) for name in parts}
         if console:
             table = Table("part", "started here", "running", "pid")
             for name, running in alive.items():

