@@ -28,14 +28,16 @@ from infra.kafka import ensure_topics, written_ids
 from stack.cluster import start_cluster
 from stack.embedded import Stack, state_dir
 from stack.live import LiveRun
-from stack.processes import stop_pid
-from stack.services import register_jobs, start_job_runner, start_load
+from stack.processes import free_port, port_open, stop_pid
+from stack.services import register_jobs, start_dashboard, start_job_runner, start_load
 
 JOB = "demo"
 # The product's default. The scale-down after the drop does not wait for it (the arrival level has
 # shifted); a trim of the scale-up's safe-side estimate on the same level does.
 SCALE_DOWN_DELAY_S = 300
 DRAIN_S = 90.0  # after the load ends, at most this long for the backlog to empty
+# The dashboard's usual port (`autoscaler dashboard`); another when it is taken.
+DASHBOARD_PORT = 8050
 
 
 def run_demo(settings: Settings, shape: str, cost_ms: float, partitions: int, max_parallelism: int,
@@ -69,6 +71,13 @@ def run_demo(settings: Settings, shape: str, cost_ms: float, partitions: int, ma
                                        "output_topic": output_topic},
                               args=["--master", spark.url, "--backend", "inplace"] if spark is not None else None)
     load = start_load(settings, input_topic, logs / "load.log", ["--shape", shape], partitions=partitions)
+    try:
+        dashboard = start_dashboard(settings, logs / "dashboard.log", agents=[f"http://127.0.0.1:{settings.web_port}"],
+                                    port=DASHBOARD_PORT if not port_open("127.0.0.1", DASHBOARD_PORT) else free_port())
+        console.print(f"dashboard: {dashboard.url}/jobs/{JOB} (the job's charts, live)")
+    except RuntimeError as exc:  # the demo runs on without it
+        dashboard = None
+        console.print(f"[yellow]no dashboard: {exc}[/yellow]")
     run = LiveRun(started=time.time())
     console.print(f"demo job started (runner pid {runner.pid}); load: {shape}; topics {input_topic} -> "
                   f"{output_topic}; logs in {logs}")
@@ -99,6 +108,8 @@ def run_demo(settings: Settings, shape: str, cost_ms: float, partitions: int, ma
         console.print("stopping")
     finally:
         follow.close()
+        if dashboard is not None:
+            dashboard.stop()
         for process in (load, runner):
             stop_pid(process.pid, timeout=60, process=process)
         if spark is not None:

@@ -85,6 +85,7 @@ def main(
         worker = start_worker(settings, workdir, ["monitor", "analyze", "plan", "execute"])
         phases: dict[str, float] = {}
         dashboard_cpu = browser_reads = 0.0
+        ready_ms: dict[str, float] = {}
         try:
             with Reporter(settings, names) as reporter:
                 console.print(f"{jobs} jobs at 1 report/s; warming up {warm_up_s:.0f} s")
@@ -97,6 +98,8 @@ def main(
                         job_page.get(f"{dashboard.url}/jobs/{names[0]}")
                         job_list.get(f"{dashboard.url}/")
                         time.sleep(5)
+                        ready_ms = {"job list": job_list.execute_script("return window.dashboard.readyAt"),
+                                    "job page": job_page.execute_script("return window.dashboard.readyAt")}
                         start_dash = process_cpu_seconds(dashboard.process.pid)
                         updates = job_page.execute_script("return window.dashboard.updates")
                         phases["with the dashboard"] = cpu_percent(worker.process.pid, phase_s)
@@ -116,11 +119,13 @@ def main(
     table.add_row("added by the dashboard", f"{added:+.1f} ({100 * added / baseline:+.1f} % of the agents' own)")
     table.add_row("the dashboard process itself", f"{dashboard_cpu:.1f}")
     console.print(table)
-    console.print(f"the job page redrew {browser_reads} times in the measured phase; {sent:,} reports sent")
+    console.print(f"the job page redrew {browser_reads} times in the measured phase; {sent:,} reports sent; "
+                  f"first drawn after (ms): {ready_ms}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "jobs": jobs, "phase_s": phase_s, "agents_cpu_percent": phases, "added_percent_points": added,
         "added_relative": added / baseline, "dashboard_cpu_percent": dashboard_cpu, "job_page_updates": browser_reads,
+        "ready_ms": ready_ms,
         "reports_sent": sent, "machine": machine_info(),
     }, indent=2))
     console.print(f"wrote {out}")

@@ -171,3 +171,18 @@ def test_dashboard_draws_what_the_agents_hold_and_updates_live(
             assert len(driver.find_elements("css selector", "#known li")) == 50
     finally:
         dashboard.stop()
+
+
+def test_dashboard_says_when_knowledge_is_unreachable(settings: Settings, tmp_path: Path) -> None:
+    nowhere = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
+    dashboard = start_dashboard(nowhere, tmp_path / "dashboard.log", agents=[])
+    try:
+        with chromium() as driver:
+            driver.get(f"{dashboard.url}/")
+            shown = wait_page(driver, lambda: driver.find_element("id", "error").text, 20, "the error")
+            assert "knowledge (Redis) unreachable" in shown
+            assert not driver.find_elements("css selector", "#jobs tbody tr")
+            driver.get(f"{dashboard.url}/jobs/any")
+            assert "knowledge (Redis) unreachable" in driver.find_element("tag name", "main").text
+    finally:
+        dashboard.stop()
