@@ -13,6 +13,7 @@ import asyncio
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from subprocess import Popen
@@ -99,12 +100,17 @@ def start_agents(
     process = spawn("agents", argv, log_path,
                     {**settings_env(settings), **(env or {}), "AUTOSCALER_WEB_PORT": str(port)}, cwd=log_path.parent)
     worker = AgentWorker(process, log_path, port, tuple(stages or ()))
+    _answering(port, timeout, worker.stop, "the agents", log_path)
+    return worker
+
+
+def _answering(port: int, timeout: float, stop: Callable[[], None], what: str, log_path: Path) -> None:
+    """Wait until the port answers; else stop the process and raise with the end of its log."""
     try:
         wait_for_port("127.0.0.1", port, timeout=timeout)
     except TimeoutError:
-        worker.stop()
-        raise RuntimeError(f"the agents did not start:\n{worker.log()[-3000:]}") from None
-    return worker
+        stop()
+        raise RuntimeError(f"{what} did not start:\n{log_path.read_text(errors='replace')[-3000:]}") from None
 
 
 @dataclass
@@ -131,11 +137,7 @@ def start_dashboard(settings: Settings, log_path: Path, agents: list[str] | None
     for url in agents or []:
         argv += ["--agent", url]
     dashboard = DashboardProcess(spawn("dashboard", argv, log_path, settings_env(settings)), log_path, port)
-    try:
-        wait_for_port("127.0.0.1", port, timeout=timeout)
-    except TimeoutError:
-        dashboard.stop()
-        raise RuntimeError(f"the dashboard did not start:\n{log_path.read_text(errors='replace')[-3000:]}") from None
+    _answering(port, timeout, dashboard.stop, "the dashboard", log_path)
     return dashboard
 
 

@@ -6,7 +6,6 @@ with the jobs, and an agent the dashboard cannot reach must show as unreachable.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
 import shutil
@@ -18,7 +17,7 @@ import pytest
 
 from contracts.messages import MetricReport, SourceMetrics
 from contracts.settings import Settings
-from knowledge import RedisKnowledge
+from knowledge import with_knowledge
 from stack.processes import free_port
 from stack.services import AgentWorker, register_jobs, start_dashboard
 from tests.browser import chromium
@@ -53,14 +52,7 @@ def publish(settings: Settings, batch: list[MetricReport]) -> None:
 
 
 def knowledge_read(settings: Settings, fn: Any) -> Any:
-    async def go() -> Any:
-        knowledge = RedisKnowledge(settings)
-        try:
-            return await fn(knowledge)
-        finally:
-            await knowledge.close()
-
-    return asyncio.run(go())
+    return with_knowledge(settings, fn)
 
 
 def state(driver: Any) -> dict[str, Any]:
