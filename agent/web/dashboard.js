@@ -137,8 +137,14 @@ function drawChart(chart, data) {
   holder.append(el("h3", chart.title));
   document.getElementById("charts").append(holder);
   const width = Math.max(400, holder.clientWidth || 600);
+  // Recoveries are few points: their chart spans the job's windows, as the others do.
+  const span = (u, min, max) => {
+    const windows = job.data.parallelism.x;
+    return chart.key === "recovery" && windows.length
+      ? [Math.min(min, windows[0]), Math.max(max, windows[windows.length - 1])] : [min, max];
+  };
   const options = {
-    width, height: 240, scales: { x: { time: true } }, axes: [{}, { size: 70 }],
+    width, height: 240, scales: { x: { time: true, range: span } }, axes: [{}, { size: 70 }],
     series: [{}, ...names.map(n => seriesOptions(chart, n))],
     hooks: chart.key === "parallelism" ? { setCursor: [u => { const d = markerAt(u); if (d) showDetail(d); }] } : {},
   };
