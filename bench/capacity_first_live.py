@@ -87,19 +87,23 @@ def main(
     step_s: Annotated[float, typer.Option(help="Seconds at 4 times the base load.")] = 240.0,
     max_parallelism: Annotated[int, typer.Option(help="The job's largest parallelism.")] = 4,
     cost_ms: Annotated[float, typer.Option(help="The demo job's per-record cost.")] = 4.0,
+    repeat: Annotated[int, typer.Option(help="Pairs of runs (without, then with the plan).")] = 1,
     output: Annotated[Path, typer.Option(help="The JSON to write.")] = RESULTS,
 ) -> None:
     console = Console()
     planned, error = planned_from_report(plan, max_parallelism)
     common = {"restart_time_s": "20", "checkpoint_interval_s": "5"}
-    rows = {}
-    for name, overrides in (("without a plan", common),
-                            ("with the plan", {**common, "planned_capacity": planned,
-                                               "planned_capacity_error": f"{error:.3f}"})):
-        started = time.perf_counter()
-        rows[name] = one_run(overrides, base, base_s, step_s, max_parallelism, cost_ms) | {
-            "wall_s": round(time.perf_counter() - started, 1)}
-        console.print(f"{name}: {rows[name]}")
+    rows: dict[str, dict[str, Any]] = {}
+    for pair in range(1, repeat + 1):
+        for name, overrides in (("without a plan", common),
+                                ("with the plan", {**common, "planned_capacity": planned,
+                                                   "planned_capacity_error": f"{error:.3f}"})):
+            started = time.perf_counter()
+            key = name if repeat == 1 else f"{name}, pair {pair}"
+            rows[key] = one_run(overrides, base, base_s, step_s, max_parallelism, cost_ms) | {
+                "wall_s": round(time.perf_counter() - started, 1)}
+            console.print(f"{key}: {rows[key]}")
+            write(output, rows, planned, error, base, plan)
     table = Table(title=f"a new job's first decisions at a step {base:g} -> {4 * base:g} rec/s (demo job, "
                         f"{cost_ms:g} ms per record, at most {max_parallelism} slots)", title_justify="left")
     for column in ("run", "scale-ups after the step", "targets", "first, s after the step", "held at the end",
@@ -111,11 +115,16 @@ def main(
                       f"not within {step_s:g}" if row["drained_s_after_step"] is None
                       else str(row["drained_s_after_step"]))
     console.print(table)
+    console.print(f"wrote {output}")
+
+
+def write(output: Path, rows: dict[str, dict[str, Any]], planned: str, error: float, base: float,
+          plan: Path) -> None:
+    """The runs so far (written after each, so a long repeat leaves its results if stopped)."""
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps({"runs": rows, "planned_capacity": planned, "planned_error": error, "base": base,
                                   "plan": plan.name, "code": code_version(CODE), "machine": machine_info()},
                                  indent=1, default=str))
-    console.print(f"wrote {output}")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ def test_the_live_testbed_measures_one_slots_ceiling_and_tells_sustained_from_no
         assert under.sustained and under.processed >= 0.99 * under.injected and under.backlog_growth <= 0
         over = testbed.run(1, 1.3 * ceiling)
         assert not over.sustained and over.backlog_growth > 0
-        # Saturated, it admits what it can: the overload's rate again, within the run-to-run spread.
-        assert over.processed == pytest.approx(ceiling, rel=0.1)
+        # Saturated, it admits what one slot can: no less than under the warm-up's overload (less 10 % of
+        # run-to-run spread; Spark's cost per batch still falls over a process's first minutes, so later
+        # steps admit up to 13 % more, seen in CI), and never more than 1000 / COST_MS.
+        assert 0.9 * ceiling <= over.processed < min(over.injected, 1000.0 / COST_MS)
         assert testbed.runs == 3 and not testbed.restarts
