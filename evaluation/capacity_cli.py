@@ -26,6 +26,7 @@ from rich.table import Table
 from contracts.jobs import format_planned_capacity
 from evaluation.job_models import JobModelError, load_job_model
 from evaluation.live_testbed import LiveTestbed
+from evaluation.profile_cli import profiles_command
 from evaluation.report import print_held_out
 from evaluation.testbed import ModelTestbed, scaling_truths
 from plan.capacity.explore import (
@@ -317,3 +318,6 @@ def print_plan(console: Console, report: dict[str, Any]) -> None:
             truth.add_row(str(row["slots"]), f"{row['predicted']:,.0f}", f"{row['true']:,.0f}",
                           f"{100 * (row['predicted'] / row['true'] - 1):+.1f} %")
         console.print(truth)
+
+
+capacity_app.command("profiles")(profiles_command)

@@ -1,0 +1,109 @@
+"""Executor profiles planned on the job model, whose truth is known (QEScalor; `plan.capacity.profiles`).
+
+`profile_plan` samples a grid of executor profiles on the `ProfileTestbed` (dynamic sampling, or a
+fixed step as QEScalor's baseline), fits the random forest, and plans a rate; beside it, what the truth
+says: the model's error on every profile of the grid, whether the planned executors sustain the rate,
+and the cost of the cheapest plan the truth allows (the hindsight oracle, the same headroom and grid)
+and of fixed profiles a user might pick without a model (Spark's default executor, 1 core and 1 GB;
+and 4 cores with 2 GB per core), each sized by the truth with the same headroom.
+`autoscaler capacity profiles` and `python -m bench.capacity_profiles` both call it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from evaluation.testbed import ProfileTestbed, ProfileTruth
+from plan.capacity.profiles import (
+    HEADROOM,
+    Profile,
+    ProfileModel,
+    ProfilePlan,
+    Sample,
+    cheapest_plan,
+    dynamic_sampling,
+    fixed_sampling,
+)
+
+CORES = (1, 2, 3, 4)
+MEMORY_GB = tuple(0.5 * i for i in range(1, 17))  # 0.5 to 8 GB
+# Prices per hour of one core and of one GB: the ratio (about 7.5) of a public cloud's custom machine
+# types. Only the ratio matters to which profile is cheapest.
+CORE_PRICE, GB_PRICE = 0.0332, 0.00445
+FIXED = {"Spark's default (1 core, 1 GB)": Profile(1, 1.0), "4 cores, 8 GB": Profile(4, 8.0)}
+
+
+def parse_sampling(sampling: str) -> int | None:
+    """`dynamic` -> None; `fixed:N` -> N (every N-th memory size)."""
+    if sampling == "dynamic":
+        return None
+    name, _, stride = sampling.partition(":")
+    if name == "fixed" and stride.isdigit() and int(stride) >= 1:
+        return int(stride)
+    raise ValueError(f"sampling is 'dynamic' or 'fixed:N' (N >= 1), got {sampling!r}")
+
+
+def sample_profiles(testbed: ProfileTestbed, sampling: str, cores: tuple[int, ...] = CORES,
+                    memory_gb: tuple[float, ...] = MEMORY_GB) -> list[Sample]:
+    stride = parse_sampling(sampling)
+    if stride is None:
+        return dynamic_sampling(testbed.measure, cores, memory_gb)
+    return fixed_sampling(testbed.measure, cores, memory_gb, stride)
+
+
+def truth_plan(truth: ProfileTruth, profiles: list[Profile], rate: float, core_price: float,
+               gb_price: float) -> ProfilePlan | None:
+    exact = {p: (truth.executor_mst(p),) * 3 for p in profiles}
+    return cheapest_plan(exact, rate, core_price, gb_price)
+
+
+def plan_row(plan: ProfilePlan | None, truth: ProfileTruth, rate: float) -> dict[str, Any] | None:
+    if plan is None:
+        return None
+    true = plan.executors * truth.executor_mst(plan.profile)
+    return {"profile": str(plan.profile), "cores": plan.profile.cores, "memory_gb": plan.profile.memory_gb,
+            "executors": plan.executors, "predicted": plan.throughput, "low": plan.low, "high": plan.high,
+            "cost_per_hour": plan.cost, "true_throughput": true, "sustains": true >= rate,
+            "over_rate": true / rate - 1}
+
+
+def profile_plan(rate: float, sampling: str = "dynamic", seed: int = 0, truth: ProfileTruth | None = None,
+                 core_price: float = CORE_PRICE, gb_price: float = GB_PRICE, measure_s: float = 300.0,
+                 cores: tuple[int, ...] = CORES, memory_gb: tuple[float, ...] = MEMORY_GB) -> dict[str, Any]:
+    """Sample, fit, plan `rate`, and compare with the truth (see the module)."""
+    if rate <= 0 or not math.isfinite(rate):
+        raise ValueError("the rate must be a positive number")
+    truth = truth or ProfileTruth()
+    testbed = ProfileTestbed(truth, seed=seed, measure_s=measure_s)
+    samples = sample_profiles(testbed, sampling, cores, memory_gb)
+    model = ProfileModel(seed=seed).update(samples)
+    grid = [Profile(c, m) for c in cores for m in memory_gb]
+    mean, low, high = model.predict(grid)
+    true = np.array([truth.executor_mst(p) for p in grid])
+    relative = mean / true - 1
+    plan = cheapest_plan({p: (float(a), float(b), float(c)) for p, a, b, c in zip(grid, mean, low, high, strict=True)
+                          if model.within(p)}, rate, core_price, gb_price)
+    oracle = truth_plan(truth, grid, rate, core_price, gb_price)
+    fixed = {name: cheapest_plan({p: (truth.executor_mst(p),) * 3}, rate, core_price, gb_price)
+             for name, p in FIXED.items()}
+    return {
+        "rate": rate, "sampling": sampling, "seed": seed, "headroom": HEADROOM,
+        "prices": {"core": core_price, "gb": gb_price},
+        "samples": [{"cores": s.profile.cores, "memory_gb": s.profile.memory_gb, "throughput": s.throughput,
+                     "true": truth.executor_mst(s.profile), "measurements": s.measurements} for s in samples],
+        "measurements": sum(s.measurements for s in samples),
+        "grid_size": len(grid),
+        "testbed_core_hours": testbed.slot_seconds / 3600,
+        "model_error": {"rmse_pct": float(100 * np.sqrt(np.mean(relative**2))),
+                        "mae_pct": float(100 * np.mean(np.abs(relative))),
+                        "worst_pct": float(100 * relative[np.argmax(np.abs(relative))])},
+        "surface": [{"cores": p.cores, "memory_gb": p.memory_gb, "predicted": float(a), "low": float(b),
+                     "high": float(c), "true": float(t)}
+                    for p, a, b, c, t in zip(grid, mean, low, high, true, strict=True)],
+        "plan": plan_row(plan, truth, rate),
+        "oracle": plan_row(oracle, truth, rate),
+        "fixed": {name: plan_row(p, truth, rate) for name, p in fixed.items()},
+    }
