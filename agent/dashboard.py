@@ -120,12 +120,20 @@ class Dashboard:
         rows = await asyncio.gather(*(self._summary(job) for job in jobs))
         return JSONResponse({"total": total, "page": page, "size": size, "jobs": rows})
 
-    async def _summary(self, job_id: str) -> dict[str, Any]:
+    async def _summary(self, job_id: str,
+                       read: tuple[JobConfig, dict[str, Any] | None, list[dict[str, Any]]] | None = None,
+                       ) -> dict[str, Any]:
+        """A job's row; `read`: its configuration, last analysis and last decision, if already read."""
         async with self._rows:
-            config, state, analysis, decisions, events = await asyncio.gather(
-                self.knowledge.job_config(job_id), self.knowledge.plan_state(job_id),
-                self.knowledge.last_analysis(job_id), self.knowledge.decisions(job_id, 1),
-                self.knowledge.events(job_id, 1))
+            if read is None:
+                config, state, analysis, decisions, events = await asyncio.gather(
+                    self.knowledge.job_config(job_id), self.knowledge.plan_state(job_id),
+                    self.knowledge.last_analysis(job_id), self.knowledge.decisions(job_id, 1),
+                    self.knowledge.events(job_id, 1))
+            else:
+                config, analysis, decisions = read
+                state, events = await asyncio.gather(self.knowledge.plan_state(job_id),
+                                                     self.knowledge.events(job_id, 1))
         return job_summary(job_id, config.model_dump(mode="json"), state.parallelism, analysis,
                            decisions[0] if decisions else None, events[0] if events else None,
                            self.settings.loop_interval_s, time.time())
@@ -143,7 +151,8 @@ class Dashboard:
         config: JobConfig = await self.knowledge.job_config(job_id)
         analyses, decisions, summary = await asyncio.gather(
             self.knowledge.analyses(job_id, self.settings.history_length),
-            self.knowledge.decisions(job_id, self.settings.history_length), self._summary(job_id))
+            self.knowledge.decisions(job_id, self.settings.history_length),
+            self._summary(job_id, (config, analysis, latest)))
         series = job_series(analyses, decisions, config.backlog_target_s)
         return JSONResponse({"version": version, "summary": summary, "backlog_target_s": config.backlog_target_s,
                              **series})

@@ -102,3 +102,42 @@ def test_the_forecast_is_drawn_half_the_history_ahead_at_least_five_minutes() ->
     long = job_series(history, [], 60.0)["rates"]
     assert long["x"][-1] == 1800.0 + 900.0  # the history spans 1,800 s
     assert long["forecast_upper"] == [None] * len(long["x"])  # no band in this forecast
+
+
+def test_the_job_route_answers_the_same_row_as_the_list_and_unchanged_when_nothing_is_new() -> None:
+    """The routes' handlers on the in-memory knowledge (the browser test runs them over HTTP on Redis)."""
+    import asyncio
+    import json
+    from urllib.parse import urlencode
+
+    from starlette.requests import Request
+
+    from agent.dashboard import Dashboard
+    from contracts.settings import Settings
+    from knowledge import MemoryKnowledge
+
+    knowledge = MemoryKnowledge(Settings(history_length=20))
+    board = Dashboard(Settings(), [], knowledge)
+
+    def request(path_params: dict[str, str] | None = None, **query: str) -> Request:
+        return Request({"type": "http", "method": "GET", "path_params": path_params or {},
+                        "query_string": urlencode(query).encode(), "headers": []})
+
+    async def answers() -> tuple[dict[str, Any], ...]:
+        await knowledge.register_job("j1")
+        for t in (10.0, 20.0):
+            await knowledge.commit_window("j1", "analyze", t, json.dumps(analysis(t)))
+            acted = decision(t, "scale_up" if t == 20 else "none", 4)
+            await knowledge.commit_window("j1", "plan", t, json.dumps(acted))
+        page = json.loads((await board.api_job(request({"job_id": "j1"}))).body)
+        listed = json.loads((await board.api_jobs(request())).body)
+        again = json.loads((await board.api_job(request({"job_id": "j1"}, since=page["version"]))).body)
+        missing = await board.api_job(request({"job_id": "nosuch"}))
+        return page, listed, again, {"status": missing.status_code}
+
+    page, listed, again, missing = asyncio.run(answers())
+    assert listed["jobs"] == [page["summary"]]
+    assert page["summary"]["last_decision"]["action"] == "scale_up" and page["summary"]["parallelism"] == 2
+    assert page["rates"]["x"] == [10.0, 20.0] and page["version"] == "20.0/d20.0"
+    assert again == {"unchanged": True, "version": page["version"]}
+    assert missing == {"status": 404}
