@@ -51,10 +51,6 @@ def publish(settings: Settings, batch: list[MetricReport]) -> None:
     send(settings, settings.topics.metrics, [(JOB.encode(), r.to_bytes()) for r in batch])
 
 
-def knowledge_read(settings: Settings, fn: Any) -> Any:
-    return with_knowledge(settings, fn)
-
-
 def state(driver: Any) -> dict[str, Any]:
     return driver.execute_script("return window.dashboard") or {}
 
@@ -93,7 +89,7 @@ def test_dashboard_draws_what_the_agents_hold_and_updates_live(
     start = math.floor(time.time() / 10) * 10 - 400
     load = reports(start, 320)
     publish(settings, load[:301])  # 30 windows closed
-    wait_until(lambda: len(knowledge_read(settings, lambda k: k.decisions(JOB, 50))) >= 30, 90,
+    wait_until(lambda: len(with_knowledge(settings, lambda k: k.decisions(JOB, 50))) >= 30, 90,
                message="30 decisions")
 
     dead = f"http://127.0.0.1:{free_port()}"
@@ -104,7 +100,7 @@ def test_dashboard_draws_what_the_agents_hold_and_updates_live(
             # The job list, with 1,001 jobs registered: paged, searchable, fast.
             driver.get(f"{dashboard.url}/")
             listed = wait_page(driver, lambda: state(driver).get("readyAt") and state(driver), 20, "the job list")
-            registered = knowledge_read(settings, lambda k: k.jobs())  # other tests' jobs share this Redis
+            registered = with_knowledge(settings, lambda k: k.jobs())  # other tests' jobs share this Redis
             assert len(registered) >= OTHER_JOBS + 1
             assert listed["total"] == len(registered) and listed["jobs"] == 50
             assert listed["readyAt"] < 1000, f"the job list took {listed['readyAt']:.0f} ms"
@@ -121,7 +117,7 @@ def test_dashboard_draws_what_the_agents_hold_and_updates_live(
             # The job's page draws exactly the analyses and decisions Redis holds.
             driver.get(f"{dashboard.url}/jobs/{JOB}")
             driver.execute_script("window.notReloaded = true")
-            analyses = knowledge_read(settings, lambda k: k.analyses(JOB))
+            analyses = with_knowledge(settings, lambda k: k.analyses(JOB))
             shown = wait_page(driver, lambda: state(driver).get("windows") == len(analyses) and state(driver), 20,
                                message="the charts")
             assert len(driver.find_elements("css selector", "[data-chart] canvas")) == 4
@@ -130,7 +126,7 @@ def test_dashboard_draws_what_the_agents_hold_and_updates_live(
             assert shown["last"]["backlog"] == analyses[0]["backlog"]
             assert shown["last"]["parallelism"] == analyses[0]["parallelism"]
             assert shown["series"]["backlog"] == shown["series"]["target"] == len(analyses)
-            newest = knowledge_read(settings, lambda k: k.decisions(JOB, 1))[0]
+            newest = with_knowledge(settings, lambda k: k.decisions(JOB, 1))[0]
             assert shown["lastDecision"]["t"] == newest["window_end"]
             assert shown["markers"] >= 1  # the saturated job's scale-ups (recommended) are marked
             driver.find_element("css selector", "#decisions tbody tr").click()
@@ -142,7 +138,7 @@ def test_dashboard_draws_what_the_agents_hold_and_updates_live(
                 u.setCursor({left: u.valToPos(u.data[0][i], "x"), top: 10});
                 return u.data[0][i];""")
             assert driver.execute_script("return window.dashboard.shownDecision.t") == marked
-            pointed = next(d for d in knowledge_read(settings, lambda k: k.decisions(JOB, 100))
+            pointed = next(d for d in with_knowledge(settings, lambda k: k.decisions(JOB, 100))
                            if d["window_end"] == marked)
             rule_and_code = f"[{pointed['reason']['rule']}/{pointed['reason']['code']}]"
             assert rule_and_code in driver.find_element("id", "detail").text
@@ -153,7 +149,7 @@ def test_dashboard_draws_what_the_agents_hold_and_updates_live(
                                  and state(driver), 60, message="a new window on the page")
             assert driver.execute_script("return window.notReloaded") is True
             assert updated["updates"] > shown["updates"]
-            latest = knowledge_read(settings, lambda k: k.decisions(JOB, 1))[0]
+            latest = with_knowledge(settings, lambda k: k.decisions(JOB, 1))[0]
             wait_page(driver, lambda: (state(driver).get("lastDecision") or {}).get("t") == latest["window_end"], 10,
                        message="the newest decision on the page")
             driver.execute_script("window.scrollTo(0, 0)")
