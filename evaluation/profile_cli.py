@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from evaluation.profile_plan import CORE_PRICE, GB_PRICE, parse_sampling, profile_plan
+from evaluation.profile_plan import CORE_PRICE, GB_PRICE, UnstableTestbed, parse_sampling, profile_plan
 from evaluation.testbed import profile_truths
 
 RESULTS = Path("results")
@@ -50,7 +50,11 @@ def profiles_command(
         parse_sampling(sampling)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--sampling") from None
-    report = profile_plan(rate, sampling, seed, truths[truth], core_price, gb_price)
+    try:
+        report = profile_plan(rate, sampling, seed, truths[truth], core_price, gb_price)
+    except UnstableTestbed as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from None
     print_profiles(console, report)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
@@ -66,8 +70,9 @@ def print_profiles(console: Console, report: dict[str, Any]) -> None:
     for column in ("cores", "memory (GB)", "MST of one executor", "true", "measured"):
         sampled.add_column(column, justify="right")
     for s in report["samples"]:
-        sampled.add_row(str(s["cores"]), f"{s['memory_gb']:g}", f"{s['throughput']:,.0f}", f"{s['true']:,.0f}",
-                        f"{s['measurements']}x")
+        sampled.add_row(str(s["cores"]), f"{s['memory_gb']:g}",
+                        f"{s['throughput']:,.0f}" if s["stable"] else "unstable: nothing sustained, twice",
+                        f"{s['true']:,.0f}", f"{s['measurements']}x")
     console.print(sampled)
     error = report["model_error"]
     console.print(f"random forest against the truth on all {report['grid_size']} profiles: "

@@ -36,6 +36,10 @@ CORE_PRICE, GB_PRICE = 0.0332, 0.00445
 FIXED = {"Spark's default (1 core, 1 GB)": Profile(1, 1.0), "4 cores, 8 GB": Profile(4, 8.0)}
 
 
+class UnstableTestbed(ValueError):
+    """Too few profiles sustained any rate to fit a model."""
+
+
 def parse_sampling(sampling: str) -> int | None:
     """`dynamic` -> None; `fixed:N` -> N (every N-th memory size)."""
     if sampling == "dynamic":
@@ -79,7 +83,10 @@ def profile_plan(rate: float, sampling: str = "dynamic", seed: int = 0, truth: P
     truth = truth or ProfileTruth()
     testbed = ProfileTestbed(truth, seed=seed, measure_s=measure_s)
     samples = sample_profiles(testbed, sampling, cores, memory_gb)
-    model = ProfileModel(seed=seed).update(samples)
+    stable = [s for s in samples if s.stable]
+    if len(stable) < 2:
+        raise UnstableTestbed(f"only {len(stable)} of {len(samples)} profiles sustained a rate: no model to fit")
+    model = ProfileModel(seed=seed).update(stable)
     grid = [Profile(c, m) for c in cores for m in memory_gb]
     mean, low, high = model.predict(grid)
     true = np.array([truth.executor_mst(p) for p in grid])
@@ -93,7 +100,8 @@ def profile_plan(rate: float, sampling: str = "dynamic", seed: int = 0, truth: P
         "rate": rate, "sampling": sampling, "seed": seed, "headroom": HEADROOM,
         "prices": {"core": core_price, "gb": gb_price},
         "samples": [{"cores": s.profile.cores, "memory_gb": s.profile.memory_gb, "throughput": s.throughput,
-                     "true": truth.executor_mst(s.profile), "measurements": s.measurements} for s in samples],
+                     "true": truth.executor_mst(s.profile), "measurements": s.measurements, "stable": s.stable}
+                    for s in samples],
         "measurements": sum(s.measurements for s in samples),
         "grid_size": len(grid),
         "testbed_core_hours": testbed.slot_seconds / 3600,

@@ -104,7 +104,8 @@ class ProfileTestbed:
     slot_seconds: float = field(default=0.0, init=False)
     measured: int = field(default=0, init=False)
 
-    def measure(self, profile: Profile) -> float:
+    def measure(self, profile: Profile) -> float | None:
+        """One executor's MST at `profile`; None when no rate was sustained, twice (`measure_mst`)."""
         job = JobModel(operators=(Operator("executor", self.truth.executor_mst(profile)),), fused=True,
                        partitions=4096)
         testbed = ModelTestbed(job, rate_noise=self.rate_noise, seed=self.seed * 7919 + self.measured,
@@ -112,7 +113,7 @@ class ProfileTestbed:
         self.measured += 1
         found = measure_mst(testbed, 1, self.start_rate)
         self.slot_seconds += profile.cores * found.slot_seconds
-        return found.mst
+        return found.mst if found.stable else None
 
 
 def profile_truths() -> dict[str, ProfileTruth]:

@@ -58,24 +58,34 @@ class Profile:
 @dataclass(frozen=True)
 class Sample:
     profile: Profile
-    throughput: float  # one executor's MST (rec/s)
+    throughput: float  # one executor's MST (rec/s); 0 when unstable
     measurements: int = 1  # more than one where it was measured again (fluctuation)
+    stable: bool = True  # False: the testbed sustained nothing, twice; reported, never fitted
 
 
-def fixed_sampling(measure: Callable[[Profile], float], cores: Sequence[int], memory_gb: Sequence[float],
-                   stride: int) -> list[Sample]:
+# A measure answers one executor's MST at a profile, or None when the run never stabilised (the
+# testbed has already repeated it once).
+Measure = Callable[[Profile], float | None]
+
+
+def _sample(profile: Profile, throughput: float | None) -> Sample:
+    return Sample(profile, 0.0, stable=False) if throughput is None else Sample(profile, throughput)
+
+
+def fixed_sampling(measure: Measure, cores: Sequence[int], memory_gb: Sequence[float], stride: int) -> list[Sample]:
     """QEScalor's baseline (FSSA): every `stride`-th memory size for each core count, and the largest."""
     if stride < 1:
         raise ValueError("the stride must be at least 1")
     grid = sorted(memory_gb)
     picks = sorted(set(range(0, len(grid), stride)) | {len(grid) - 1})
-    return [Sample(Profile(c, grid[i]), measure(Profile(c, grid[i]))) for c in sorted(cores) for i in picks]
+    return [_sample(Profile(c, grid[i]), measure(Profile(c, grid[i]))) for c in sorted(cores) for i in picks]
 
 
-def dynamic_sampling(measure: Callable[[Profile], float], cores: Sequence[int], memory_gb: Sequence[float],
-                     flat: float = FLAT, steep: float = STEEP, fluctuation: float = FLUCTUATION,
-                     max_stride: int = MAX_STRIDE) -> list[Sample]:
-    """QEScalor's dynamic sampling along memory, for each core count (see the module)."""
+def dynamic_sampling(measure: Measure, cores: Sequence[int], memory_gb: Sequence[float], flat: float = FLAT,
+                     steep: float = STEEP, fluctuation: float = FLUCTUATION, max_stride: int = MAX_STRIDE,
+                     ) -> list[Sample]:
+    """QEScalor's dynamic sampling along memory, for each core count (see the module). A profile whose
+    run never stabilised is reported as unstable and stepped over (to the next size)."""
     grid = sorted(memory_gb)
     if len(grid) < 2 or not cores:
         raise ValueError("dynamic sampling needs at least one core count and two memory sizes")
@@ -86,38 +96,52 @@ def dynamic_sampling(measure: Callable[[Profile], float], cores: Sequence[int], 
     return samples
 
 
-def _axis(at: Callable[[int], float], size: int, flat: float, steep: float, fluctuation: float, max_stride: int,
-          profile: Callable[[int], Profile]) -> list[Sample]:
+def _axis(at: Callable[[int], float | None], size: int, flat: float, steep: float, fluctuation: float,
+          max_stride: int, profile: Callable[[int], Profile]) -> list[Sample]:
     seen: dict[int, list[float]] = {}
+    unstable: set[int] = set()
 
     def value(i: int) -> float:
         return float(np.mean(seen[i]))
 
-    def sample(i: int) -> float:
-        seen.setdefault(i, []).append(at(i))
+    def sample(i: int) -> float | None:
+        measured = at(i)
+        if measured is None:
+            unstable.add(i)
+            return None
+        seen.setdefault(i, []).append(measured)
         return value(i)
 
-    i, stride = 0, 1
-    sample(0)
+    last = 0  # the last stable point
+    while last < size and sample(last) is None:
+        last += 1
+    i, stride = last, 1
     while i < size - 1:
         j = min(i + stride, size - 1)
-        before, after = value(i), sample(j)
+        before, after = value(last), sample(j)
+        i = j
+        if after is None:
+            stride = 1  # step over it, from the last stable point
+            continue
         if after < before * (1 - fluctuation) and len(seen[j]) == 1:
             # Less throughput with more memory: measure both again (re-sampling where it fluctuates),
             # each point at most twice.
-            before = sample(i) if len(seen[i]) == 1 else before
-            after = sample(j)
+            before = (sample(last) or before) if len(seen[last]) == 1 else before
+            after = sample(j) or after
         change = abs(after - before) / max(before, after, 1e-9)
-        if change > steep and j - i > 1:
-            for k in range(i + 1, j):  # it changes a lot here: the points skipped are sampled too
-                sample(k)
+        if change > steep and j - last > 1:
+            for k in range(last + 1, j):  # it changes a lot here: the points skipped are sampled too
+                if k not in seen and k not in unstable:
+                    sample(k)
             stride = 1
         elif change < flat:
-            if after <= before * (1 + flat) and j > i and stride >= 2:
+            if after <= before * (1 + flat) and stride >= 2:
                 break  # it no longer increases with memory (over a doubled step): the axis ends
             stride = min(2 * stride, max_stride)
-        i = j
-    return [Sample(profile(k), value(k), len(v)) for k, v in sorted(seen.items())]
+        last = j
+    return sorted([*(Sample(profile(k), value(k), len(v)) for k, v in seen.items()),
+                   *(Sample(profile(k), 0.0, stable=False) for k in unstable - set(seen))],
+                  key=lambda s: s.profile)
 
 
 def features(profiles: Sequence[Profile]) -> np.ndarray:
@@ -134,7 +158,8 @@ class ProfileModel:
         self.samples: list[Sample] = []
 
     def update(self, samples: Sequence[Sample]) -> ProfileModel:
-        self.samples = [*self.samples, *samples]
+        """Fit to every stable sample so far (unstable ones are never fitted)."""
+        self.samples = [*self.samples, *(s for s in samples if s.stable)]
         if len(self.samples) < 2:
             raise ValueError("the model needs at least two samples")
         x = features([s.profile for s in self.samples])

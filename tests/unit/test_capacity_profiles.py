@@ -168,3 +168,27 @@ def test_the_profiles_command_writes_a_report_and_a_plot_and_refuses_bad_input(t
         assert bad.exit_code != 0 and message in bad.output, bad.output
     far = CliRunner().invoke(cli, ["capacity", "profiles", "--rate", "1e9", "--out", str(out)])
     assert far.exit_code == 2 and json.loads(out.read_text())["plan"] is None
+
+
+def test_a_profile_that_never_stabilises_is_reported_stepped_over_and_never_fitted() -> None:
+    broken = {Profile(1, 0.5), Profile(1, 1.5)}
+    measure, asked = counting(f=lambda p: None if p in broken else 100.0 * min(p.memory_gb, 3.0))
+    samples = dynamic_sampling(measure, [1], MEMORY)
+    unstable = {s.profile for s in samples if not s.stable}
+    assert unstable == broken and all(asked.count(p) == 1 for p in broken)
+    stable = [s for s in samples if s.stable]
+    assert stable[0].profile == Profile(1, 1.0) and Profile(1, 2.0) in {s.profile for s in stable}
+    model = ProfileModel().update(samples)
+    assert all(s.stable for s in model.samples) and len(model.samples) == len(stable)
+    fixed = fixed_sampling(measure, [1], MEMORY, stride=1)
+    assert {s.profile for s in fixed if not s.stable} == broken
+    nothing = dynamic_sampling(lambda p: None, [2], MEMORY)
+    assert nothing and not any(s.stable for s in nothing)
+
+
+def test_a_testbed_where_nothing_sustains_gets_a_clear_error_not_a_model() -> None:
+    from evaluation.profile_plan import UnstableTestbed
+
+    # An executor that takes 1e-9 rec/s: the search never finds a sustained rate above its floor.
+    with pytest.raises(UnstableTestbed, match="sustained a rate"):
+        profile_plan(800.0, "fixed:8", truth=ProfileTruth(core_rate=1e-9))
