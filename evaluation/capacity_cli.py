@@ -27,7 +27,7 @@ from contracts.jobs import format_planned_capacity
 from evaluation.job_models import JobModelError, load_job_model
 from evaluation.live_testbed import LiveTestbed
 from evaluation.profile_cli import profiles_command
-from evaluation.report import print_held_out
+from evaluation.report import print_held_out, save_figure
 from evaluation.testbed import ModelTestbed, scaling_truths
 from plan.capacity.explore import (
     Answer,
@@ -100,11 +100,7 @@ def plot_plan(report: dict[str, Any], path: Path) -> Path:
     ax.set_xlabel("slots")
     ax.set_ylabel("maximum sustainable throughput (rec/s)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 @capacity_app.command("plan")

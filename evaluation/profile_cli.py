@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from evaluation.profile_plan import CORE_PRICE, GB_PRICE, UnstableTestbed, parse_sampling, profile_plan
+from evaluation.report import save_figure
 from evaluation.testbed import profile_truths
 
 RESULTS = Path("results")
@@ -114,8 +115,4 @@ def plot_profiles(report: dict[str, Any], path: Path) -> Path:
     ax.set_xlabel("memory per executor (GB); dotted: the truth, dots: samples")
     ax.set_ylabel("MST of one executor (rec/s)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

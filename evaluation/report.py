@@ -70,6 +70,17 @@ def markdown(summaries: list[dict[str, Any]], convergence: list[dict[str, Any]])
     return "\n".join(lines) + "\n"
 
 
+def save_figure(fig: Any, path: Path, dpi: int = 80) -> Path:
+    """Lay out, write `path` as a PNG (creating its folder) and free the figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def draw_timeline(ax: Any, t: Any, arrival: Any, capacity: Any, backlog: Any, parallelism: Any) -> Any:
     """Arrival rate, capacity and backlog / 60 on `ax`, the parallelism on a right axis (returned)."""
     ax.plot(t, arrival, color="black", lw=0.8, label="arrival rate")
@@ -97,11 +108,7 @@ def plot_live(t: Any, arrival: Any, capacity: Any, backlog: Any, parallelism: An
     handles = [*ax.get_legend_handles_labels()[0], *right.get_legend_handles_labels()[0]]
     ax.legend(handles=handles, loc="upper left", fontsize=7, ncol=4)
     ax.set_title(title, loc="left", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot(result: dict[str, Any], out_dir: Path) -> Path:
@@ -124,12 +131,7 @@ def plot(result: dict[str, Any], out_dir: Path) -> Path:
     axes[-1, 0].set_xlabel("hours of replay")
     fig.suptitle(f"{result['trace']} ({result['regime']}, seed {result['seed']}): {result['description']}",
                  fontsize=9)
-    fig.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{Path(result['trace']).stem}-{result['regime']}.png"
-    fig.savefig(path, dpi=72)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out_dir / f"{Path(result['trace']).stem}-{result['regime']}.png", dpi=72)
 
 
 def print_convergence(console: Console, rows: list[dict[str, Any]]) -> None:
