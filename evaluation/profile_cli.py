@@ -22,6 +22,7 @@ from rich.table import Table
 from evaluation.profile_plan import CORE_PRICE, GB_PRICE, UnstableTestbed, parse_sampling, profile_plan
 from evaluation.report import save_figure
 from evaluation.testbed import profile_truths
+from plan.capacity.profiles import MAX_EXECUTORS
 
 RESULTS = Path("results")
 
@@ -62,6 +63,11 @@ def profiles_command(
     png = plot_profiles(report, out.with_suffix(".png"))
     console.print(f"wrote {out} and {png.name}")
     if report["plan"] is None:
+        best = report["best_reachable"]
+        console.print(f"[red]out of reach: {report['rate']:,.0f} rec/s (x{report['headroom']:.2f}) needs more than "
+                      f"{best['executors']:,} executors of any profile; the most, {best['executors']:,} of "
+                      f"{best['profile']}, carry {best['predicted']:,.0f} rec/s predicted, enough for "
+                      f"{best['headroom_rate']:,.0f} rec/s[/red]")
         raise typer.Exit(2)
 
 
@@ -88,7 +94,7 @@ def print_profiles(console: Console, report: dict[str, Any]) -> None:
             *((f"{name}, sized by the truth", row) for name, row in report["fixed"].items())]
     for name, row in rows:
         if row is None:
-            plans.add_row(name, "none within 4,096 executors", "-", "-", "-", "-", "-")
+            plans.add_row(name, f"none within {MAX_EXECUTORS:,} executors", "-", "-", "-", "-", "-")
             continue
         predicted = f"{row['predicted']:,.0f} ({row['low']:,.0f}-{row['high']:,.0f})" if name == "the forest's" else "-"
         plans.add_row(name, row["profile"], str(row["executors"]), predicted, f"{row['true_throughput']:,.0f}",

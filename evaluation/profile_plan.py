@@ -19,10 +19,12 @@ import numpy as np
 from evaluation.testbed import ProfileTestbed, ProfileTruth
 from plan.capacity.profiles import (
     HEADROOM,
+    MAX_EXECUTORS,
     Profile,
     ProfileModel,
     ProfilePlan,
     Sample,
+    best_reachable,
     cheapest_plan,
     dynamic_sampling,
     fixed_sampling,
@@ -91,8 +93,10 @@ def profile_plan(rate: float, sampling: str = "dynamic", seed: int = 0, truth: P
     mean, low, high = model.predict(grid)
     true = np.array([truth.executor_mst(p) for p in grid])
     relative = mean / true - 1
-    plan = cheapest_plan({p: (float(a), float(b), float(c)) for p, a, b, c in zip(grid, mean, low, high, strict=True)
-                          if model.within(p)}, rate, core_price, gb_price)
+    candidates = {p: (float(a), float(b), float(c)) for p, a, b, c in zip(grid, mean, low, high, strict=True)
+                  if model.within(p)}
+    plan = cheapest_plan(candidates, rate, core_price, gb_price)
+    best, reachable = best_reachable(candidates)
     oracle = truth_plan(truth, grid, rate, core_price, gb_price)
     fixed = {name: cheapest_plan({p: (truth.executor_mst(p),) * 3}, rate, core_price, gb_price)
              for name, p in FIXED.items()}
@@ -112,6 +116,8 @@ def profile_plan(rate: float, sampling: str = "dynamic", seed: int = 0, truth: P
                      "high": float(c), "true": float(t)}
                     for p, a, b, c, t in zip(grid, mean, low, high, true, strict=True)],
         "plan": plan_row(plan, truth, rate),
+        "best_reachable": None if plan else {"profile": str(best), "executors": MAX_EXECUTORS,
+                                             "predicted": reachable, "headroom_rate": reachable / HEADROOM},
         "oracle": plan_row(oracle, truth, rate),
         "fixed": {name: plan_row(p, truth, rate) for name, p in fixed.items()},
     }

@@ -31,6 +31,7 @@ import numpy as np
 from sklearn.ensemble import RandomForestRegressor
 
 HEADROOM = 1.10  # StreamBed's: plan for 110 % of the requested rate
+MAX_EXECUTORS = 4096  # the most executors a plan may name
 FLAT = 0.02  # a relative change below this is "little": the step doubles
 STEEP = 0.10  # above this the points skipped in between are sampled too
 FLUCTUATION = 0.03  # a fall larger than this as memory grows is noise to measure again
@@ -207,7 +208,8 @@ class ProfilePlan:
 
 
 def cheapest_plan(predicted: dict[Profile, tuple[float, float, float]], rate: float, core_price: float,
-                  gb_price: float, headroom: float = HEADROOM, max_executors: int = 4096) -> ProfilePlan | None:
+                  gb_price: float, headroom: float = HEADROOM, max_executors: int = MAX_EXECUTORS,
+                  ) -> ProfilePlan | None:
     """The cheapest (profile, executors) whose predicted throughput reaches headroom x rate; None if no
     candidate does within `max_executors`. `predicted` maps a profile to (mean, low, high) per executor."""
     if rate <= 0 or not math.isfinite(rate):
@@ -223,3 +225,11 @@ def cheapest_plan(predicted: dict[Profile, tuple[float, float, float]], rate: fl
         if best is None or (plan.cost, plan.executors) < (best.cost - 1e-12, best.executors):
             best = plan
     return best
+
+
+def best_reachable(predicted: dict[Profile, tuple[float, float, float]], max_executors: int = MAX_EXECUTORS,
+                   ) -> tuple[Profile, float]:
+    """What a rate no plan reaches is told instead: the profile with the most predicted throughput per
+    executor and what `max_executors` of them would carry."""
+    profile = max(predicted, key=lambda p: predicted[p][0])
+    return profile, max_executors * predicted[profile][0]

@@ -167,7 +167,10 @@ def test_the_profiles_command_writes_a_report_and_a_plot_and_refuses_bad_input(t
         bad = CliRunner().invoke(cli, ["capacity", "profiles", "--rate", "800", "--out", str(out), *args])
         assert bad.exit_code != 0 and message in bad.output, bad.output
     far = CliRunner().invoke(cli, ["capacity", "profiles", "--rate", "1e9", "--out", str(out)])
-    assert far.exit_code == 2 and json.loads(out.read_text())["plan"] is None
+    assert far.exit_code == 2 and "out of reach" in far.output
+    answered = json.loads(out.read_text())
+    assert answered["plan"] is None and answered["best_reachable"]["executors"] == 4096
+    assert 0 < answered["best_reachable"]["headroom_rate"] < 1e9
 
 
 def test_a_profile_that_never_stabilises_is_reported_stepped_over_and_never_fitted() -> None:
