@@ -116,7 +116,7 @@ def plot_profiles(report: dict[str, Any], path: Path) -> Path:
         ax.plot(memory, [row["predicted"] for row in rows], color=color, label=f"{cores} cores: forest")
         ax.fill_between(memory, [row["low"] for row in rows], [row["high"] for row in rows], color=color, alpha=0.15)
         ax.plot(memory, [row["true"] for row in rows], color=color, ls=":", lw=0.8)
-        samples = [s for s in report["samples"] if s["cores"] == cores]
+        samples = [s for s in report["samples"] if s["cores"] == cores and s["stable"]]
         ax.plot([s["memory_gb"] for s in samples], [s["throughput"] for s in samples], "o", color=color, ms=3)
     ax.set_xlabel("memory per executor (GB); dotted: the truth, dots: samples")
     ax.set_ylabel("MST of one executor (rec/s)")

@@ -98,7 +98,7 @@ def profile_plan(rate: float, sampling: str = "dynamic", seed: int = 0, truth: P
     plan = cheapest_plan(candidates, rate, core_price, gb_price)
     best, reachable = best_reachable(candidates)
     oracle = truth_plan(truth, grid, rate, core_price, gb_price)
-    fixed = {name: cheapest_plan({p: (truth.executor_mst(p),) * 3}, rate, core_price, gb_price)
+    fixed = {name: truth_plan(truth, [p], rate, core_price, gb_price)
              for name, p in FIXED.items()}
     return {
         "rate": rate, "sampling": sampling, "seed": seed, "headroom": HEADROOM,
