@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -27,22 +28,52 @@ console = Console()
 DEMO_SHAPE = "steps:120:90,560:240,120:150"
 
 
-def _mount_commands() -> None:
-    """The commands whose modules load more than the agents need (imported when the CLI starts;
-    Spark itself is imported only when a job runs)."""
+def _mount_job() -> None:
     from agent.job_cli import job_app
-    from agent.load_cli import loadgen_app
-    from evaluation.capacity_cli import capacity_app
-    from evaluation.cli import calibrate_command, evaluate_command
 
     app.add_typer(job_app, name="job", help="Run a Spark job under the autoscaler's control.")
+
+
+def _mount_load() -> None:
+    from agent.load_cli import loadgen_app
+
     app.add_typer(loadgen_app, name="load", help="Replay a load shape or trace into a topic.")
+
+
+def _mount_evaluation() -> None:
+    from evaluation.cli import calibrate_command, evaluate_command
+
     app.command("evaluate")(evaluate_command)
     app.command("calibrate")(calibrate_command)
-    app.add_typer(capacity_app, name="capacity")
     bench_app.command("evaluate", help="The same as `autoscaler evaluate` (its former name, kept for one "
                       "release).")(evaluate_command)
     app.add_typer(bench_app, name="bench")
+
+
+def _mount_capacity() -> None:
+    from evaluation.capacity_cli import capacity_app
+
+    app.add_typer(capacity_app, name="capacity")
+
+
+# The commands whose modules load more than the agents need: the capacity planner alone loads scipy,
+# scikit-learn and pandas (about 5 s and 250 MB). Each is mounted only when it is the command run, or
+# when the command line names none (help), so an agent worker or a `jobs register` loads none of them.
+HEAVY_COMMANDS = {"job": _mount_job, "load": _mount_load, "evaluate": _mount_evaluation,
+                  "calibrate": _mount_evaluation, "bench": _mount_evaluation, "capacity": _mount_capacity}
+
+
+def _mount_commands(argv: list[str]) -> None:
+    """Mount the heavy command `argv` runs; every one for help or a name that is not a light command."""
+    words = [word for word in argv if not word.startswith("-")]
+    light = {info.name or (info.callback.__name__.replace("_", "-") if info.callback else "")
+             for info in app.registered_commands} | {group.name for group in app.registered_groups}
+    command = words[0] if words else None
+    if command in light:
+        return
+    mounts = [HEAVY_COMMANDS[command]] if command in HEAVY_COMMANDS else list(dict.fromkeys(HEAVY_COMMANDS.values()))
+    for mount in mounts:
+        mount()
 
 
 # ---------------------------------------------------------------- agents
@@ -347,6 +378,6 @@ def stack_status() -> None:
 
 
 def main() -> None:
-    _mount_commands()
+    _mount_commands(sys.argv[1:])
     app()
 
