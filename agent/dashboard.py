@@ -37,8 +37,9 @@ from knowledge import Knowledge, RedisKnowledge
 
 PAGE_SIZE = 50
 AGENT_TIMEOUT_S = 1.0
-# Job rows read at once: each takes five Redis calls, and the client's connection pool is bounded.
-CONCURRENT_ROWS = 8
+# Job rows read at once. Each takes five Redis connections of the client's pool (100 by default);
+# read 8 at a time, a page of 50 took 780 ms with 1,001 jobs registered on a slower 2-core machine.
+CONCURRENT_ROWS = 16
 
 
 @cache
@@ -47,15 +48,18 @@ def _own(name: str) -> str:
     return resources.files("agent").joinpath("web", name).read_text(encoding="utf-8")
 
 
-def _page(title: str, body: str, **data: str) -> str:
+def _page(title: str, body: str, charts: bool = False, **data: str) -> str:
+    """A page; only a job's page, which draws charts, loads uPlot (the job list is drawn sooner without it)."""
     attributes = " ".join(f'data-{name}="{html.escape(value)}"' for name, value in data.items())
+    uplot_css = '<link rel="stylesheet" href="/static/uplot.css">' if charts else ""
+    uplot_js = '<script src="/static/uplot.js"></script>' if charts else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<link rel="stylesheet" href="/static/uplot.css"><link rel="stylesheet" href="/static/dashboard.css">
+{uplot_css}<link rel="stylesheet" href="/static/dashboard.css">
 </head><body {attributes}>
 <header><a href="/">autoscaler</a> <span id="agents"></span></header>
 <main>{body}</main>
-<script src="/static/uplot.js"></script><script src="/static/dashboard.js"></script>
+{uplot_js}<script src="/static/dashboard.js"></script>
 </body></html>"""
 
 
@@ -98,7 +102,7 @@ class Dashboard:
         job_id = request.path_params["job_id"]
         if not await self.knowledge.job_exists(job_id):
             return HTMLResponse(await self._not_found(job_id), status_code=404)
-        return HTMLResponse(_page(f"autoscaler: {job_id}", JOB_BODY, page="job", job=job_id))
+        return HTMLResponse(_page(f"autoscaler: {job_id}", JOB_BODY, charts=True, page="job", job=job_id))
 
     async def _not_found(self, job_id: str) -> str:
         jobs, total = page_of(await self.knowledge.jobs(), "", 1, PAGE_SIZE)

@@ -171,6 +171,17 @@ class RedisJobs(RedisBase):
     async def plan_state(self, job_id: str) -> PlanState:
         state_key = self._key(job_id, "state")
         lists = [self._key(job_id, name) for name in OLD_DOWNTIME_LISTS]
+        # One round trip where there is nothing to migrate (a current state, or a job never planned): this
+        # is read for every window of every job; only an old state is migrated under WATCH below.
+        async with self.redis.pipeline(transaction=True) as read:
+            read.hgetall(state_key)
+            for key in lists:
+                read.lrange(key, 0, -1)
+            raw, *old = await read.execute()
+        if "version" in raw:
+            return PlanState.load(raw)
+        if not raw and not any(old):
+            return PlanState.load(raw, {"up": [], "down": []})
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
