@@ -63,13 +63,17 @@ HEAVY_COMMANDS = {"job": _mount_job, "load": _mount_load, "evaluate": _mount_eva
                   "calibrate": _mount_evaluation, "bench": _mount_evaluation, "capacity": _mount_capacity}
 
 
+def command_names() -> set[str]:
+    """The commands and command groups mounted on `app` so far, as typed on the command line."""
+    return ({info.name or (info.callback.__name__.replace("_", "-") if info.callback else "")
+             for info in app.registered_commands} | {group.name or "" for group in app.registered_groups})
+
+
 def _mount_commands(argv: list[str]) -> None:
     """Mount the heavy command `argv` runs; every one for help or a name that is not a light command."""
     words = [word for word in argv if not word.startswith("-")]
-    light = {info.name or (info.callback.__name__.replace("_", "-") if info.callback else "")
-             for info in app.registered_commands} | {group.name for group in app.registered_groups}
     command = words[0] if words else None
-    if command in light:
+    if command in command_names():  # mounted at import: a light command
         return
     mounts = [HEAVY_COMMANDS[command]] if command in HEAVY_COMMANDS else list(dict.fromkeys(HEAVY_COMMANDS.values()))
     for mount in mounts:

@@ -12,11 +12,10 @@ import pytest
 HEAVY = ("sklearn", "scipy.stats", "pandas", "evaluation.capacity_cli", "evaluation.cli")
 PROBE = """
 import json, sys
-from agent.cli import _mount_commands, app
+from agent.cli import _mount_commands, command_names
 _mount_commands(sys.argv[2:])
-names = {c.name or c.callback.__name__ for c in app.registered_commands}
-names |= {g.name for g in app.registered_groups}
-print(json.dumps({"loaded": [m for m in sys.argv[1].split(",") if m in sys.modules], "commands": sorted(names)}))
+loaded = [m for m in sys.argv[1].split(",") if m in sys.modules]
+print(json.dumps({"loaded": loaded, "commands": sorted(command_names())}))
 """
 
 
