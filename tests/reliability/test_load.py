@@ -5,7 +5,7 @@ level off.
 This is the correctness check under a sustained load, sized so that the agents keep up with margin on
 2 cores shared with the broker, Redis and the load generator. How many jobs a machine carries is a
 speed figure, measured by `python -m bench.load --jobs 1000` (docs/reliability.md): on some 2-core
-machines two workers decide about 45 windows/s, short of the 100/s that 1,000 jobs need."""
+machines two workers decide 37-45 windows/s, short of the 100/s that 1,000 jobs need."""
 
 from __future__ import annotations
 
