@@ -147,24 +147,6 @@ def solve(problem: PlanProblem, forbid_first: int | None = None, force_first: in
                     rescales=rescales)
 
 
-def solve_with_next(problem: PlanProblem) -> tuple[Schedule, Schedule | None]:
-    """The plan and the next best (the cheapest schedule found with another first step; None with one
-    parallelism). The DP keeps a few paths per (step, parallelism), so it is a heuristic: barred from
-    its first choice, it sometimes finds a schedule that is cheaper than that choice (a path its
-    buckets had dropped; about 1 in 80 demo-like problems). Then that schedule is the plan, and the
-    next best is searched again without its first step. The plan's cost falls strictly at each turn,
-    so no first step comes back and there are at most `max_parallelism` turns."""
-    chosen = solve(problem)
-    if problem.max_parallelism == 1:
-        return chosen, None
-    alternative = solve(problem, forbid_first=chosen.first)
-    for _ in range(problem.max_parallelism):
-        if alternative.cost >= chosen.cost:
-            break
-        chosen, alternative = alternative, solve(problem, forbid_first=alternative.first)
-    return chosen, alternative
-
-
 Found = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 

@@ -49,7 +49,7 @@ from contracts.plan_state import PlanState
 from plan.batching import BatchCost
 from plan.capacity_estimate import FIT_MIN_WINDOWS, Measured, SlotStats, capacities, in_waves, planned_capacity
 from plan.controls import bounded_step, heading_beyond_target, partition_units
-from plan.cost_plan import PlanProblem, Schedule, describe, solve, solve_with_next
+from plan.cost_plan import PlanProblem, Schedule, describe, solve
 from plan.forecast_skill import ForecastSkill, note
 from plan.guarded import admit, rescale_updates
 from plan.level import LevelState
@@ -222,7 +222,7 @@ class CostPlanner:
         problem = self.problem(memory, analysis, config, state)
         if problem is None:
             return hold(current, "learning", "no arrival level or capacity measured yet", rule=self.name), {}
-        chosen, alternative = solve_with_next(problem)
+        chosen = solve(problem)
         kept = memory.recommended
         if kept is not None and kept not in (chosen.first, current) and 1 <= kept <= problem.max_parallelism:
             # A recommendation not acted on (recommend mode, a held rescale) changes only when the point
@@ -230,10 +230,10 @@ class CostPlanner:
             # a Schmitt trigger whose band is the estimates' uncertainty, so noise does not flip it.
             point = self.problem(memory, analysis, config, state, quantiles=False)
             if point is not None:
-                keeping, best = solve(point, force_first=kept), solve_with_next(point)[0]
+                keeping, best = solve(point, force_first=kept), solve(point)
                 if keeping.violation_s == 0 and keeping.cost <= best.cost + self.action_penalty_slot_s:
                     chosen = solve(problem, force_first=kept)
-                    alternative = solve(problem, forbid_first=kept)
+        alternative = solve(problem, forbid_first=chosen.first) if config.max_parallelism > 1 else None
         target = chosen.first
         numbers = _numbers(chosen, alternative, problem)
         message = (f"plan {describe(chosen, self.step_s)} over {self.horizon_s / 60:g} min costs "
