@@ -23,9 +23,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from contracts.jobs import format_planned_capacity
 from evaluation.job_models import JobModelError, load_job_model
 from evaluation.live_testbed import LiveTestbed
+from evaluation.planned_seed import not_registered, require_registered, seed_planned
 from evaluation.profile_cli import profiles_command
 from evaluation.report import print_held_out, save_figure
 from evaluation.testbed import ModelTestbed, scaling_truths
@@ -45,7 +45,6 @@ RESULTS = Path("results")
 # configurations: what was measured, extrapolated), grows by 10 % until a step fails and stops within 2 %
 # (a 1 % bracket costs one more step per configuration; the MST repeats within a few % live anyway).
 LIVE_START, LIVE_GROWTH, LIVE_SENSIBILITY = 0.95, 1.10, 0.02
-MAX_PLANNED_SLOTS = 4096  # a job configuration holds the planned capacity up to this many slots
 capacity_app = typer.Typer(help="Capacity planning before deployment (StreamBed).", no_args_is_help=True)
 
 
@@ -145,11 +144,7 @@ def plan_command(
     if live and not (cost_ms > 0 and warm_up_s >= 0):
         raise typer.BadParameter("--cost-ms must be > 0 and --warm-up-s >= 0", param_hint="--cost-ms")
     if job is not None:
-        from contracts.settings import get_settings
-        from knowledge import with_knowledge
-
-        if not with_knowledge(get_settings(), lambda k: k.job_exists(job)):
-            raise typer.BadParameter(not_registered(job), param_hint="--job")
+        require_registered(job)
     budget = math.inf if budget_core_hours is None else budget_core_hours * 3600
     started = time.perf_counter()
     with Progress(console=console, transient=True) as progress:
@@ -187,7 +182,7 @@ def plan_command(
     png = plot_plan(report, out.with_suffix(".png"))
     console.print(f"{answer.message}\nwrote {out} and {png.name} in {time.perf_counter() - started:.1f} s")
     if job is not None:
-        seeded = seed_job(job, exploration)
+        seeded = seed_planned(job, lambda slots: planned_curve(exploration, slots))
         console.print(f"{job}: planned capacity at 1-{seeded['slots']} slots (error {seeded['error']:.0%}) "
                       "stored in its configuration; `autoscaler capacity show` compares it with what it measures")
     if not answer.reachable:
@@ -210,10 +205,6 @@ def model_testbed(truth: str | None, job_model: Path | None, seed: int, measure_
     return ModelTestbed(model, rate_noise=noise, seed=seed, measure_s=measure_s)
 
 
-def not_registered(job: str) -> str:
-    return f"{job} is not registered (autoscaler jobs register {job})"
-
-
 def planned_curve(exploration: Exploration, slots: int) -> tuple[dict[int, float], float]:
     """The capacity to seed a job with at 1..slots, and its relative error: the chosen model's curve,
     or, where plausible models part, the most pessimistic of them at each p; the error is their
@@ -225,24 +216,6 @@ def planned_curve(exploration: Exploration, slots: int) -> tuple[dict[int, float
     far = curves[:, -1]
     error = max(0.05, 2 * model.loo_error, float((far.max() - far.min()) / (2 * curve[-1])))
     return {int(p): round(float(c), 1) for p, c in zip(n, curve, strict=True) if c > 0}, error
-
-
-def seed_job(job: str, exploration: Exploration) -> dict[str, Any]:
-    from contracts.settings import get_settings
-    from knowledge import RedisKnowledge, with_knowledge
-
-    async def store(knowledge: RedisKnowledge) -> dict[str, Any]:
-        config = await knowledge.job_config(job)
-        curve, error = planned_curve(exploration, min(config.max_parallelism, MAX_PLANNED_SLOTS))
-        # set_config refuses a job that is not registered (KeyError).
-        await knowledge.set_config(job, {"planned_capacity": format_planned_capacity(curve),
-                                         "planned_capacity_error": f"{error:.3f}"})
-        return {"slots": max(curve), "error": error}
-
-    try:
-        return with_knowledge(get_settings(), store)
-    except KeyError:
-        raise typer.BadParameter(not_registered(job), param_hint="--job") from None
 
 
 @capacity_app.command("show")

@@ -19,10 +19,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from evaluation.profile_plan import CORE_PRICE, GB_PRICE, UnstableTestbed, parse_sampling, profile_plan
+from evaluation.planned_seed import require_registered, seed_planned
+from evaluation.profile_plan import CORE_PRICE, GB_PRICE, UnstableTestbed, parse_sampling, plan_of, profile_plan
 from evaluation.report import save_figure
 from evaluation.testbed import profile_truths
-from plan.capacity.profiles import MAX_EXECUTORS
+from plan.capacity.profiles import MAX_EXECUTORS, slot_curve
 
 RESULTS = Path("results")
 
@@ -35,6 +36,9 @@ def profiles_command(
     core_price: Annotated[float, typer.Option(help="Price of one core per hour.")] = CORE_PRICE,
     gb_price: Annotated[float, typer.Option(help="Price of one GB of memory per hour.")] = GB_PRICE,
     seed: Annotated[int, typer.Option(help="Seed of the testbed's rate noise and of the forest.")] = 0,
+    job: Annotated[str | None, typer.Option(help="A registered job whose knowledge starts from this plan: the "
+                                                 "planned capacity per slot count of the chosen profile's "
+                                                 "executors.")] = None,
     out: Annotated[Path, typer.Option(help="The JSON report; the PNG goes beside it.")]
     = RESULTS / "profiles.json",
 ) -> None:
@@ -52,6 +56,8 @@ def profiles_command(
         parse_sampling(sampling)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--sampling") from None
+    if job is not None:
+        require_registered(job)
     try:
         report = profile_plan(rate, sampling, seed, truths[truth], core_price, gb_price)
     except UnstableTestbed as exc:
@@ -69,6 +75,14 @@ def profiles_command(
                       f"{best['profile']}, carry {best['predicted']:,.0f} rec/s predicted, enough for "
                       f"{best['headroom_rate']:,.0f} rec/s[/red]")
         raise typer.Exit(2)
+    plan = report["plan"]
+    console.print(f"executor settings for Spark: --conf spark.executor.cores={plan['cores']} "
+                  f"--conf spark.executor.memory={round(plan['memory_gb'] * 1024)}m")
+    if job is not None:
+        seeded = seed_planned(job, lambda slots: slot_curve(plan_of(report), slots))
+        console.print(f"{job}: planned capacity at {plan['cores']}-{seeded['slots']} slots (every "
+                      f"{plan['cores']}, error {seeded['error']:.0%}) stored in its configuration; "
+                      "`autoscaler capacity show` compares it with what it measures")
 
 
 def print_profiles(console: Console, report: dict[str, Any]) -> None:

@@ -66,6 +66,13 @@ def truth_plan(truth: ProfileTruth, profiles: list[Profile], rate: float, core_p
     return cheapest_plan(exact, rate, core_price, gb_price)
 
 
+def plan_of(report: dict[str, Any]) -> ProfilePlan:
+    """The forest's plan of a `profile_plan` report (which has one)."""
+    row = report["plan"]
+    return ProfilePlan(Profile(row["cores"], row["memory_gb"]), row["executors"], row["predicted"], row["low"],
+                       row["high"], row["cost_per_hour"])
+
+
 def plan_row(plan: ProfilePlan | None, truth: ProfileTruth, rate: float) -> dict[str, Any] | None:
     if plan is None:
         return None

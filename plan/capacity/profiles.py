@@ -233,3 +233,23 @@ def best_reachable(predicted: dict[Profile, tuple[float, float, float]], max_exe
     executor and what `max_executors` of them would carry."""
     profile = max(predicted, key=lambda p: predicted[p][0])
     return profile, max_executors * predicted[profile][0]
+
+
+MIN_PLANNED_ERROR = 0.05  # a planned capacity is never trusted more than this (its weight against measurements)
+
+
+def slot_curve(plan: ProfilePlan, max_slots: int) -> tuple[dict[int, float], float]:
+    """The planned capacity per task-slot count for a job whose executors all have the plan's profile,
+    and its relative error: what seeds the job's planner (`JobConfig.planned_capacity`).
+
+    A job of `cores`-core executors runs k executors at k x cores slots, so the curve names only those
+    counts (up to `max_slots`): k times one executor's predicted throughput, executors adding up as
+    QEScalor sums instances. The error is the forest's band at the profile (half its 10-90th
+    percentile width over the mean), at least `MIN_PLANNED_ERROR`."""
+    if max_slots < 1:
+        raise ValueError("max_slots must be >= 1")
+    mean, low, high = (v / plan.executors for v in (plan.throughput, plan.low, plan.high))
+    cores = plan.profile.cores
+    curve = {k * cores: round(k * mean, 1) for k in range(1, max_slots // cores + 1)}
+    error = max(MIN_PLANNED_ERROR, (high - low) / (2 * mean)) if mean > 0 else 1.0
+    return curve, error

@@ -5,6 +5,7 @@ is refused before any testbed time is spent."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import uuid
@@ -57,6 +58,48 @@ def test_a_plan_seeds_the_jobs_knowledge_and_show_compares_it(settings: Settings
     assert rows["1"] == f"{capacity[1]:,.0f}" and rows["8"] == f"{capacity[8]:,.0f}"  # nothing measured yet
 
     unknown = autoscaler(settings, "capacity", "plan", "--truth", "linear", "--rate", "1000", "--job",
+                         f"nobody-{uuid.uuid4().hex[:6]}", "--out", str(tmp_path / "x.json"))
+    assert unknown.returncode == 2 and "not registered" in unknown.stdout + unknown.stderr
+    assert not (tmp_path / "x.json").exists()  # refused before the testbed ran
+
+
+def test_an_executor_profile_plan_seeds_the_jobs_knowledge_at_whole_executors(settings: Settings,
+                                                                               tmp_path: Path) -> None:
+    """`capacity profiles --job`: the chosen profile's executors, k of them at k x cores slots, each carrying
+    what the forest predicts for one; the Spark settings for that profile are printed."""
+    job = f"profiled-{uuid.uuid4().hex[:6]}"
+
+    async def register(name: str, max_parallelism: str) -> None:
+        knowledge = RedisKnowledge(settings)
+        await knowledge.register_job(name, {"max_parallelism": max_parallelism})
+        await knowledge.close()
+
+    async def config() -> tuple[str, float]:
+        knowledge = RedisKnowledge(settings)
+        try:
+            stored = await knowledge.job_config(job)
+        finally:
+            await knowledge.close()
+        return stored.planned_capacity, stored.planned_capacity_error
+
+    asyncio.run(register(job, "12"))
+    out = tmp_path / "profiles.json"
+    planned = autoscaler(settings, "capacity", "profiles", "--rate", "3000", "--job", job, "--out", str(out))
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    plan = json.loads(out.read_text())["plan"]
+    per_executor = plan["predicted"] / plan["executors"]
+    curve, error = asyncio.run(config())
+    capacity = parse_planned_capacity(curve)
+    cores = plan["cores"]
+    assert sorted(capacity) == list(range(cores, 13, cores))
+    for slots, rate in capacity.items():
+        assert rate == pytest.approx(slots // cores * per_executor, abs=0.1)
+    band = (plan["high"] - plan["low"]) / (2 * plan["predicted"])
+    assert error == pytest.approx(max(0.05, band), abs=1e-3)
+    memory_mb = round(plan["memory_gb"] * 1024)
+    assert f"spark.executor.cores={cores} --conf spark.executor.memory={memory_mb}m" in planned.stdout
+
+    unknown = autoscaler(settings, "capacity", "profiles", "--rate", "3000", "--job",
                          f"nobody-{uuid.uuid4().hex[:6]}", "--out", str(tmp_path / "x.json"))
     assert unknown.returncode == 2 and "not registered" in unknown.stdout + unknown.stderr
     assert not (tmp_path / "x.json").exists()  # refused before the testbed ran

@@ -16,9 +16,11 @@ from plan.capacity.profiles import (
     HEADROOM,
     Profile,
     ProfileModel,
+    ProfilePlan,
     cheapest_plan,
     dynamic_sampling,
     fixed_sampling,
+    slot_curve,
 )
 
 MEMORY = [0.5 * i for i in range(1, 17)]
@@ -195,3 +197,15 @@ def test_a_testbed_where_nothing_sustains_gets_a_clear_error_not_a_model() -> No
     # An executor that takes 1e-9 rec/s: the search never finds a sustained rate above its floor.
     with pytest.raises(UnstableTestbed, match="sustained a rate"):
         profile_plan(800.0, "fixed:8", truth=ProfileTruth(core_rate=1e-9))
+
+
+def test_a_plans_slot_curve_names_whole_executors_and_the_forests_band_as_its_error() -> None:
+    plan = ProfilePlan(Profile(2, 4.0), executors=5, throughput=1_000.0, low=900.0, high=1_200.0, cost=1.0)
+    curve, error = slot_curve(plan, 9)
+    assert curve == {2: 200.0, 4: 400.0, 6: 600.0, 8: 800.0}  # 9 slots run 4 two-core executors
+    assert error == pytest.approx(0.15)  # (1,200 - 900) / 2 / 1,000
+    narrow = ProfilePlan(Profile(1, 1.0), executors=4, throughput=400.0, low=399.0, high=401.0, cost=1.0)
+    assert slot_curve(narrow, 3) == ({1: 100.0, 2: 200.0, 3: 300.0}, 0.05)  # never trusted beyond 5 %
+    assert slot_curve(plan, 1)[0] == {}  # a job capped below one executor's cores: nothing to seed
+    with pytest.raises(ValueError):
+        slot_curve(plan, 0)
