@@ -25,15 +25,18 @@ def autoscaler(settings: Settings, *args: str) -> subprocess.CompletedProcess[st
                           env=settings_env(settings) | {"PATH": "", "COLUMNS": "200"}, timeout=120)
 
 
-def test_a_plan_seeds_the_jobs_knowledge_and_show_compares_it(settings: Settings, tmp_path: Path) -> None:
-    job = f"planned-{uuid.uuid4().hex[:6]}"
-
-    async def register() -> None:
+def register(settings: Settings, job: str, max_parallelism: str) -> None:
+    async def run() -> None:
         knowledge = RedisKnowledge(settings)
-        await knowledge.register_job(job, {"max_parallelism": "12"})
+        await knowledge.register_job(job, {"max_parallelism": max_parallelism})
         await knowledge.close()
 
-    async def config() -> tuple[str, float]:
+    asyncio.run(run())
+
+
+def planned_config(settings: Settings, job: str) -> tuple[dict[int, float], float]:
+    """The job's planned capacity (parsed) and its error, as stored."""
+    async def run() -> tuple[str, float]:
         knowledge = RedisKnowledge(settings)
         try:
             stored = await knowledge.job_config(job)
@@ -41,13 +44,18 @@ def test_a_plan_seeds_the_jobs_knowledge_and_show_compares_it(settings: Settings
             await knowledge.close()
         return stored.planned_capacity, stored.planned_capacity_error
 
-    asyncio.run(register())
+    curve, error = asyncio.run(run())
+    return parse_planned_capacity(curve), error
+
+
+def test_a_plan_seeds_the_jobs_knowledge_and_show_compares_it(settings: Settings, tmp_path: Path) -> None:
+    job = f"planned-{uuid.uuid4().hex[:6]}"
+    register(settings, job, "12")
     out = tmp_path / "plan.json"
     planned = autoscaler(settings, "capacity", "plan", "--truth", "linear", "--rate", "1000", "--job", job,
                          "--out", str(out))
     assert planned.returncode == 0, planned.stdout + planned.stderr
-    curve, error = asyncio.run(config())
-    capacity = parse_planned_capacity(curve)
+    capacity, error = planned_config(settings, job)
     assert sorted(capacity) == list(range(1, 13))  # up to the job's max_parallelism
     assert capacity[12] == pytest.approx(1200, rel=0.1) and 0.05 <= error < 1  # 100 rec/s per slot, linear
     shown = autoscaler(settings, "capacity", "show", job)
@@ -68,28 +76,13 @@ def test_an_executor_profile_plan_seeds_the_jobs_knowledge_at_whole_executors(se
     """`capacity profiles --job`: the chosen profile's executors, k of them at k x cores slots, each carrying
     what the forest predicts for one; the Spark settings for that profile are printed."""
     job = f"profiled-{uuid.uuid4().hex[:6]}"
-
-    async def register(name: str, max_parallelism: str) -> None:
-        knowledge = RedisKnowledge(settings)
-        await knowledge.register_job(name, {"max_parallelism": max_parallelism})
-        await knowledge.close()
-
-    async def config() -> tuple[str, float]:
-        knowledge = RedisKnowledge(settings)
-        try:
-            stored = await knowledge.job_config(job)
-        finally:
-            await knowledge.close()
-        return stored.planned_capacity, stored.planned_capacity_error
-
-    asyncio.run(register(job, "12"))
+    register(settings, job, "12")
     out = tmp_path / "profiles.json"
     planned = autoscaler(settings, "capacity", "profiles", "--rate", "3000", "--job", job, "--out", str(out))
     assert planned.returncode == 0, planned.stdout + planned.stderr
     plan = json.loads(out.read_text())["plan"]
     per_executor = plan["predicted"] / plan["executors"]
-    curve, error = asyncio.run(config())
-    capacity = parse_planned_capacity(curve)
+    capacity, error = planned_config(settings, job)
     cores = plan["cores"]
     assert sorted(capacity) == list(range(cores, 13, cores))
     for slots, rate in capacity.items():
