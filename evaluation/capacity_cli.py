@@ -39,6 +39,7 @@ from plan.capacity.explore import (
     plausible,
     recommend,
 )
+from plan.capacity.profiles import MIN_PLANNED_ERROR
 
 RESULTS = Path("results")
 # The live search: it starts 5 % under the rate the warm-up's overload admitted at one slot (later
@@ -214,7 +215,7 @@ def planned_curve(exploration: Exploration, slots: int) -> tuple[dict[int, float
     curves = np.array([model.predict(n), *(f.predict(n) for f in plausible(exploration.fits))])
     curve = curves.min(axis=0)
     far = curves[:, -1]
-    error = max(0.05, 2 * model.loo_error, float((far.max() - far.min()) / (2 * curve[-1])))
+    error = max(MIN_PLANNED_ERROR, 2 * model.loo_error, float((far.max() - far.min()) / (2 * curve[-1])))
     return {int(p): round(float(c), 1) for p, c in zip(n, curve, strict=True) if c > 0}, error
 
 

@@ -17,6 +17,10 @@ MAX_PLANNED_SLOTS = 4096  # a job configuration holds the planned capacity up to
 Curve = tuple[dict[int, float], float]  # capacity (rec/s) per slot count, and its relative error
 
 
+class NothingToSeed(ValueError):
+    """The plan names no slot count the job may run at."""
+
+
 def not_registered(job: str) -> str:
     return f"{job} is not registered (autoscaler jobs register {job})"
 
@@ -41,7 +45,7 @@ def seed_planned(job: str, curve_for: Callable[[int], Curve]) -> dict[str, Any]:
         slots = min(config.max_parallelism, MAX_PLANNED_SLOTS)
         curve, error = curve_for(slots)
         if not curve:
-            raise ValueError(f"{job}: the plan names no slot count up to its max_parallelism ({slots}); "
+            raise NothingToSeed(f"{job}: the plan names no slot count up to its max_parallelism ({slots}); "
                              "nothing stored")
         # set_config refuses a job that is not registered (KeyError).
         await knowledge.set_config(job, {"planned_capacity": format_planned_capacity(curve),
@@ -52,5 +56,5 @@ def seed_planned(job: str, curve_for: Callable[[int], Curve]) -> dict[str, Any]:
         return with_knowledge(get_settings(), store)
     except KeyError:
         raise typer.BadParameter(not_registered(job), param_hint="--job") from None
-    except ValueError as exc:
+    except NothingToSeed as exc:
         raise typer.BadParameter(str(exc), param_hint="--job") from None
