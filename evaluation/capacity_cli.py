@@ -24,7 +24,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from evaluation.job_models import JobModelError, load_job_model
-from evaluation.live_testbed import LiveTestbed
+from evaluation.live_testbed import LIVE_GROWTH, LIVE_SENSIBILITY, LIVE_START, LiveTestbed
 from evaluation.planned_seed import not_registered, require_registered, seed_planned
 from evaluation.profile_cli import profiles_command
 from evaluation.report import print_held_out, save_figure
@@ -42,10 +42,6 @@ from plan.capacity.explore import (
 from plan.capacity.profiles import MIN_PLANNED_ERROR
 
 RESULTS = Path("results")
-# The live search: it starts 5 % under the rate the warm-up's overload admitted at one slot (later
-# configurations: what was measured, extrapolated), grows by 10 % until a step fails and stops within 2 %
-# (a 1 % bracket costs one more step per configuration; the MST repeats within a few % live anyway).
-LIVE_START, LIVE_GROWTH, LIVE_SENSIBILITY = 0.95, 1.10, 0.02
 capacity_app = typer.Typer(help="Capacity planning before deployment (StreamBed).", no_args_is_help=True)
 
 

@@ -41,6 +41,10 @@ OVERLOAD_S = 30.0
 # A restart (a new slot count) leaves a backlog and a new query whose first micro-batches can run
 # slower than the following ones: the first step waits this much more.
 RESTART_SETTLE_S = 15.0
+# The live search: it starts 5 % under the rate the warm-up's overload admitted at one slot (later
+# configurations: what was measured, extrapolated), grows by 10 % until a step fails and stops within 2 %
+# (a 1 % bracket costs one more step per configuration; the MST repeats within a few % live anyway).
+LIVE_START, LIVE_GROWTH, LIVE_SENSIBILITY = 0.95, 1.10, 0.02
 
 
 @dataclass
@@ -61,6 +65,8 @@ class LiveTestbed:
     measure_s: float = 20.0
     topic_partitions: int = 4
     entry_point: str = "pipeline.demo:build"
+    master: str | None = None  # None: local mode in this process; or a standalone cluster's spark://host:port
+    spark_conf: dict[str, str] = field(default_factory=dict)  # e.g. the executors' cores and memory
     runs: int = field(default=0, init=False)
     restarts: list[float] = field(default_factory=list, init=False)  # seconds each rescale took
     _stack: ExitStack = field(default_factory=ExitStack, init=False)
@@ -71,7 +77,8 @@ class LiveTestbed:
         bootstrap = self._stack.enter_context(own_broker())
         self._stack.enter_context(background_load(bootstrap, self._load, self.topic_partitions, duration_s=7 * 86400))
         directory = Path(self._stack.enter_context(tempfile.TemporaryDirectory()))
-        self._job = RestartFromCheckpoint(job_config(bootstrap, self.options, directory, entry_point=self.entry_point))
+        self._job = RestartFromCheckpoint(job_config(bootstrap, self.options, directory, entry_point=self.entry_point,
+                                                     master=self.master, spark_conf=dict(self.spark_conf)))
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -100,13 +107,13 @@ class LiveTestbed:
             return True
         return False
 
-    def warm_up(self, rate: float, seconds: float, overload_s: float = OVERLOAD_S) -> float:
-        """Run one slot at `rate` for `seconds`, then at OVERLOAD times it for `overload_s`: the rate the
+    def warm_up(self, rate: float, seconds: float, overload_s: float = OVERLOAD_S, slots: int = 1) -> float:
+        """Run `slots` at `rate` for `seconds`, then at OVERLOAD times it for `overload_s`: the rate the
         job admitted under overload (or the overload itself, if it kept up), where the first search starts."""
-        self._at(1)
+        self._at(slots)
         self._load.rate_per_s = rate
         time.sleep(seconds)
-        step = self.run(1, OVERLOAD * rate, settle_s=5.0, measure_s=overload_s)
+        step = self.run(slots, OVERLOAD * rate, settle_s=5.0, measure_s=overload_s)
         return step.injected if step.sustained else step.processed
 
     def run(self, slots: int, rate: float, settle_s: float | None = None, measure_s: float | None = None) -> Step:
