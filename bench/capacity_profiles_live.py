@@ -23,9 +23,10 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import code_version, machine_info
-from evaluation.live_profiles import ClusterProfileTestbed, executor_conf
+from evaluation.live_profiles import ClusterProfileTestbed
 from evaluation.profile_plan import CORE_PRICE, GB_PRICE
-from plan.capacity.profiles import Profile, ProfileModel, cheapest_plan, dynamic_sampling
+from pipeline.session import executor_conf
+from plan.capacity.profiles import HEADROOM, Profile, dynamic_sampling, plan_from_samples
 
 RESULTS = Path(__file__).resolve().parent / "results" / "capacity_profiles_live.json"
 CODE = ("plan/capacity/profiles.py", "evaluation/live_profiles.py", "evaluation/live_testbed.py")
@@ -63,7 +64,7 @@ def main(
     for column in ("profile", "Spark settings", "MST (rec/s)", "per core", "steps", "minutes"):
         measured.add_column(column, justify="right")
     for profile, found, took in runs:
-        conf = executor_conf(profile)
+        conf = executor_conf(profile.cores, profile.memory_gb)
         measured.add_row(str(profile), f"cores={conf['spark.executor.cores']}, memory={conf['spark.executor.memory']}",
                          f"{found.mst:,.0f}" if found.stable else "unstable",
                          f"{found.mst / profile.cores:,.0f}" if found.stable else "-", str(found.steps),
@@ -73,19 +74,13 @@ def main(
     plan = None
     surface: list[dict[str, float]] = []
     if len(stable) >= 2:
-        model = ProfileModel().update(stable)
-        grid = [Profile(c, m) for c in core_counts for m in sizes]
-        mean, low, high = model.predict(grid)
-        surface = [{"cores": p.cores, "memory_gb": p.memory_gb, "predicted": float(a), "low": float(b),
-                    "high": float(c)} for p, a, b, c in zip(grid, mean, low, high, strict=True)]
-        found_plan = cheapest_plan({p: (float(a), float(b), float(c)) for p, a, b, c
-                                    in zip(grid, mean, low, high, strict=True) if model.within(p)},
-                                   rate, CORE_PRICE, GB_PRICE)
-        plan = None if found_plan is None else {"profile": str(found_plan.profile), "executors": found_plan.executors,
-                                                "predicted": found_plan.throughput, "low": found_plan.low,
-                                                "high": found_plan.high, "cost_per_hour": found_plan.cost}
-        console.print(f"plan for {rate:,.0f} rec/s (x1.10): "
-                      + (found_plan.message if found_plan else "out of reach of every profile"))
+        forest = plan_from_samples(stable, [Profile(c, m) for c in core_counts for m in sizes], rate, CORE_PRICE,
+                                   GB_PRICE)
+        surface = [{"cores": p.cores, "memory_gb": p.memory_gb, "predicted": mean, "low": low, "high": high}
+                   for p, (mean, low, high) in forest.predicted.items()]
+        plan = forest.plan.row() if forest.plan else None
+        console.print(f"plan for {rate:,.0f} rec/s (x{HEADROOM:.2f}): "
+                      + (forest.plan.message if forest.plan else "out of reach of every profile"))
     else:
         console.print(f"[red]only {len(stable)} profiles sustained a rate: no model to fit[/red]")
     console.print(f"{len(runs)} profiles measured in {seconds / 60:.1f} min")

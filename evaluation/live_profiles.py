@@ -19,15 +19,10 @@ from pathlib import Path
 from types import TracebackType
 
 from evaluation.live_testbed import LIVE_GROWTH, LIVE_SENSIBILITY, LIVE_START, LiveTestbed
+from pipeline.session import executor_conf
 from plan.capacity.explore import Measurement, measure_mst
 from plan.capacity.profiles import Profile
 from stack.cluster import StandaloneCluster, start_cluster
-
-
-def executor_conf(profile: Profile) -> dict[str, str]:
-    """The Spark settings that give an application executors of `profile`."""
-    return {"spark.executor.cores": str(profile.cores),
-            "spark.executor.memory": f"{round(profile.memory_gb * 1024)}m"}
 
 
 @dataclass
@@ -63,7 +58,7 @@ class ClusterProfileTestbed:
         if profile.cores > self.worker_cores:
             raise ValueError(f"{profile} does not fit the cluster's worker ({self.worker_cores} cores)")
         return LiveTestbed(self.options, measure_s=self.measure_s, master=self.cluster.url,
-                           spark_conf=executor_conf(profile))
+                           spark_conf=executor_conf(profile.cores, profile.memory_gb))
 
     def measure(self, profile: Profile) -> float | None:
         """One executor's MST at `profile`; None when no rate was sustained, twice (`measure_mst`)."""

@@ -23,6 +23,7 @@ from evaluation.planned_seed import require_registered, seed_planned
 from evaluation.profile_plan import CORE_PRICE, GB_PRICE, UnstableTestbed, parse_sampling, plan_of, profile_plan
 from evaluation.report import save_figure
 from evaluation.testbed import profile_truths
+from pipeline.session import executor_conf
 from plan.capacity.profiles import MAX_EXECUTORS, slot_curve
 
 RESULTS = Path("results")
@@ -76,8 +77,8 @@ def profiles_command(
                       f"{best['headroom_rate']:,.0f} rec/s[/red]")
         raise typer.Exit(2)
     plan = report["plan"]
-    console.print(f"executor settings for Spark: --conf spark.executor.cores={plan['cores']} "
-                  f"--conf spark.executor.memory={round(plan['memory_gb'] * 1024)}m")
+    console.print("executor settings for Spark: "
+                  + " ".join(f"--conf {k}={v}" for k, v in executor_conf(plan["cores"], plan["memory_gb"]).items()))
     if job is not None:
         seeded = seed_planned(job, lambda slots: slot_curve(plan_of(report), slots))
         console.print(f"{job}: planned capacity at {plan['cores']}-{seeded['slots']} slots (every "

@@ -21,13 +21,13 @@ from plan.capacity.profiles import (
     HEADROOM,
     MAX_EXECUTORS,
     Profile,
-    ProfileModel,
     ProfilePlan,
     Sample,
     best_reachable,
     cheapest_plan,
     dynamic_sampling,
     fixed_sampling,
+    plan_from_samples,
 )
 
 CORES = (1, 2, 3, 4)
@@ -77,10 +77,7 @@ def plan_row(plan: ProfilePlan | None, truth: ProfileTruth, rate: float) -> dict
     if plan is None:
         return None
     true = plan.executors * truth.executor_mst(plan.profile)
-    return {"profile": str(plan.profile), "cores": plan.profile.cores, "memory_gb": plan.profile.memory_gb,
-            "executors": plan.executors, "predicted": plan.throughput, "low": plan.low, "high": plan.high,
-            "cost_per_hour": plan.cost, "true_throughput": true, "sustains": true >= rate,
-            "over_rate": true / rate - 1}
+    return {**plan.row(), "true_throughput": true, "sustains": true >= rate, "over_rate": true / rate - 1}
 
 
 def profile_plan(rate: float, sampling: str = "dynamic", seed: int = 0, truth: ProfileTruth | None = None,
@@ -95,15 +92,12 @@ def profile_plan(rate: float, sampling: str = "dynamic", seed: int = 0, truth: P
     stable = [s for s in samples if s.stable]
     if len(stable) < 2:
         raise UnstableTestbed(f"only {len(stable)} of {len(samples)} profiles sustained a rate: no model to fit")
-    model = ProfileModel(seed=seed).update(stable)
     grid = [Profile(c, m) for c in cores for m in memory_gb]
-    mean, low, high = model.predict(grid)
+    forest = plan_from_samples(stable, grid, rate, core_price, gb_price, seed)
+    plan = forest.plan
     true = np.array([truth.executor_mst(p) for p in grid])
-    relative = mean / true - 1
-    candidates = {p: (float(a), float(b), float(c)) for p, a, b, c in zip(grid, mean, low, high, strict=True)
-                  if model.within(p)}
-    plan = cheapest_plan(candidates, rate, core_price, gb_price)
-    best, reachable = best_reachable(candidates)
+    relative = np.array([forest.predicted[p][0] for p in grid]) / true - 1
+    best, reachable = best_reachable(forest.candidates)
     oracle = truth_plan(truth, grid, rate, core_price, gb_price)
     fixed = {name: truth_plan(truth, [p], rate, core_price, gb_price)
              for name, p in FIXED.items()}
@@ -119,9 +113,9 @@ def profile_plan(rate: float, sampling: str = "dynamic", seed: int = 0, truth: P
         "model_error": {"rmse_pct": float(100 * np.sqrt(np.mean(relative**2))),
                         "mae_pct": float(100 * np.mean(np.abs(relative))),
                         "worst_pct": float(100 * relative[np.argmax(np.abs(relative))])},
-        "surface": [{"cores": p.cores, "memory_gb": p.memory_gb, "predicted": float(a), "low": float(b),
-                     "high": float(c), "true": float(t)}
-                    for p, a, b, c, t in zip(grid, mean, low, high, true, strict=True)],
+        "surface": [{"cores": p.cores, "memory_gb": p.memory_gb, "predicted": forest.predicted[p][0],
+                     "low": forest.predicted[p][1], "high": forest.predicted[p][2], "true": float(t)}
+                    for p, t in zip(grid, true, strict=True)],
         "plan": plan_row(plan, truth, rate),
         "best_reachable": None if plan else {"profile": str(best), "executors": MAX_EXECUTORS,
                                              "predicted": reachable, "headroom_rate": reachable / HEADROOM},

@@ -35,13 +35,17 @@ def spark_conf(parallelism: int, master: str | None = None, app_name: str = "aut
     if master.startswith("spark://"):
         conf.update({
             "spark.cores.max": str(parallelism),
-            "spark.executor.cores": "1",
-            "spark.executor.memory": "1g",
+            **executor_conf(1, 1.0),
             # The session waits (up to this long) for all executors before it schedules anything.
             "spark.scheduler.minRegisteredResourcesRatio": "1.0",
             "spark.scheduler.maxRegisteredResourcesWaitingTime": "30s",
         })
     return conf
+
+
+def executor_conf(cores: int, memory_gb: float) -> dict[str, str]:
+    """The Spark settings that give an application's executors `cores` cores and `memory_gb` GB each."""
+    return {"spark.executor.cores": str(cores), "spark.executor.memory": f"{round(memory_gb * 1024)}m"}
 
 
 def build_session(

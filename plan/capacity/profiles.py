@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from sklearn.ensemble import RandomForestRegressor
@@ -206,6 +207,12 @@ class ProfilePlan:
         return (f"{self.executors} executors of {self.profile}: {self.throughput:,.0f} rec/s predicted "
                 f"({self.low:,.0f}-{self.high:,.0f}), {self.cost:.3f} per hour")
 
+    def row(self) -> dict[str, Any]:
+        """The plan as a report's JSON holds it."""
+        return {"profile": str(self.profile), "cores": self.profile.cores, "memory_gb": self.profile.memory_gb,
+                "executors": self.executors, "predicted": self.throughput, "low": self.low, "high": self.high,
+                "cost_per_hour": self.cost}
+
 
 def cheapest_plan(predicted: dict[Profile, tuple[float, float, float]], rate: float, core_price: float,
                   gb_price: float, headroom: float = HEADROOM, max_executors: int = MAX_EXECUTORS,
@@ -225,6 +232,27 @@ def cheapest_plan(predicted: dict[Profile, tuple[float, float, float]], rate: fl
         if best is None or (plan.cost, plan.executors) < (best.cost - 1e-12, best.executors):
             best = plan
     return best
+
+
+@dataclass(frozen=True)
+class ForestPlan:
+    """The forest fitted to the samples, its prediction (mean, low, high) for every profile of the grid,
+    those of them within the sampled range (the candidates), and the cheapest plan among them."""
+
+    model: ProfileModel
+    predicted: dict[Profile, tuple[float, float, float]]
+    candidates: dict[Profile, tuple[float, float, float]]
+    plan: ProfilePlan | None
+
+
+def plan_from_samples(samples: Sequence[Sample], grid: Sequence[Profile], rate: float, core_price: float,
+                      gb_price: float, seed: int = 0) -> ForestPlan:
+    """Fit the forest to the stable samples, predict the grid and plan `rate` (QEScalor's OPRPM, then QCESA)."""
+    model = ProfileModel(seed=seed).update([s for s in samples if s.stable])
+    mean, low, high = model.predict(grid)
+    predicted = {p: (float(a), float(b), float(c)) for p, a, b, c in zip(grid, mean, low, high, strict=True)}
+    candidates = {p: v for p, v in predicted.items() if model.within(p)}
+    return ForestPlan(model, predicted, candidates, cheapest_plan(candidates, rate, core_price, gb_price))
 
 
 def best_reachable(predicted: dict[Profile, tuple[float, float, float]], max_executors: int = MAX_EXECUTORS,

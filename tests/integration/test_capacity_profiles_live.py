@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.live_profiles import ClusterProfileTestbed, executor_conf
+from evaluation.live_profiles import ClusterProfileTestbed
+from pipeline.session import executor_conf
 from plan.capacity.profiles import Profile
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
@@ -18,7 +19,8 @@ COST_MS = 4.0  # 250 records per busy second per task slot at most
 
 def test_one_executor_of_the_profile_runs_and_its_ceiling_is_told_from_what_it_sustains(tmp_path: Path) -> None:
     profile = Profile(2, 0.75)
-    assert executor_conf(profile) == {"spark.executor.cores": "2", "spark.executor.memory": "768m"}
+    assert executor_conf(profile.cores, profile.memory_gb) == {"spark.executor.cores": "2",
+                                                               "spark.executor.memory": "768m"}
     with ClusterProfileTestbed({"cost_ms": str(COST_MS)}, log_dir=tmp_path / "cluster") as testbed:
         with pytest.raises(ValueError, match="does not fit"):
             testbed.testbed(Profile(testbed.worker_cores + 1, 1.0))
