@@ -103,10 +103,13 @@ class Replayed:
 
 
 def solve(
-    model: OracleModel, max_front: int, *, optimistic: bool, feasible_only: bool
+    model: OracleModel, max_front: int, *, optimistic: bool, feasible_only: bool, all_pairs: bool = False
 ) -> tuple[np.ndarray, int, int] | None:
     """The DP. Returns the parallelism of each block, and the violating steps and slot-steps it believes; None
     when `feasible_only` (states that break the rule are dropped) and no state survives.
+
+    `all_pairs`: simulate every (ready state, other parallelism) rescale instead of `rescale_candidates`' pruned
+    pairs. Slower, the same optimum (the reference the pruning is tested against).
 
     A state's key is (parallelism, blocks since the last rescale, that rescale's direction, and the parallelism
     before it while an in-place scale-up still runs at its capacity): the direction sets how long the restart
@@ -145,13 +148,14 @@ def solve(
         ready = np.flatnonzero(age >= np.where(down == 1, ready_age[1], ready_age[0]))
         if b < model.first_rescale_block:
             ready = ready[:0]
-        if model.ramp_s > 0:
+        if model.ramp_s > 0 or all_pairs:
             # An in-place scale-up runs at its source's capacity while it ramps: the source's parallelism
             # matters, so no source dominates another by objective and backlog alone. Every pair is tried.
             src, q = np.repeat(ready, len(targets)), np.tile(targets, len(ready))
             src, q = src[q != par[src]], q[q != par[src]]
         else:
-            src, q = rescale_candidates(ready, obj, backlog, par, targets)
+            src, q = rescale_candidates(ready, obj, backlog, par, targets, up_s=model.busy_s(0),
+                                        down_s=model.busy_s(1))
         if len(src):
             is_down = q < par[src]
             for d in (0, 1):
@@ -202,31 +206,38 @@ def solve(
 
 
 def rescale_candidates(
-    can: np.ndarray, obj: np.ndarray, backlog: np.ndarray, par: np.ndarray, targets: np.ndarray
+    can: np.ndarray, obj: np.ndarray, backlog: np.ndarray, par: np.ndarray, targets: np.ndarray, *,
+    up_s: float, down_s: float,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The (source state, new parallelism) pairs worth simulating for a rescale, among the states in `can`.
+    """The (source state, new parallelism) pairs worth simulating for a rescale, among the states in `can`, when
+    a rescale up pauses `up_s` and one down `down_s` (processing stopped, and the next rescale blocked, that long).
 
-    After a rescale only the objective and backlog of the source matter, so for a target q a source is useless
-    if another source not at q has both a lower objective and a lower backlog. A source dominated by sources at
-    two parallelisms, or at its own, is useless for every target; dominated only by sources at one other
-    parallelism p', it matters for p' alone. That cuts sources x targets down to about a front x targets."""
+    After a rescale to q only the source's objective and backlog, and the direction (up from below q, down from
+    above), matter. A shorter pause processes at least as much in every step and frees the next rescale no later,
+    so a successor with a shorter or equal pause and a lower or equal backlog and objective is at least as good
+    in every later block. Hence, for a target q, a source is useless if another source not at q has both a lower
+    objective and a lower backlog (ties: the first in (objective, backlog) order is kept) and reaches q with a
+    pause no longer than its own. With equal pauses that is any other source not at q; with unequal ones, a
+    source in the slower direction is dominated by any, one in the quicker direction only by one in the quicker
+    direction too. That cuts sources x targets down to about a front x targets. Pairs come source by source in
+    (objective, backlog) order, targets ascending."""
     if len(can) == 0:
         return can, can
     order = can[np.lexsort((backlog[can], obj[can]))]
     level, at = backlog[order], par[order]
-    # lowest[p, i]: the lowest backlog of the sources at p among the first i (so objective <=).
-    lowest = np.full((int(par.max()) + 1, len(order) + 1), np.inf)
-    lowest[at, np.arange(1, len(order) + 1)] = level
-    dominated = np.minimum.accumulate(lowest, axis=1)[:, :-1] <= level
-    count = dominated.sum(axis=0)
-    free = order[count == 0]
-    src = np.repeat(free, len(targets))
-    q = np.tile(targets, len(free))
-    moved = q != par[src]
-    one = np.flatnonzero(count == 1)
-    other = dominated[:, one].argmax(axis=0)
-    useful = (other != at[one]) & np.isin(other, targets)
-    return np.concatenate((src[moved], order[one[useful]])), np.concatenate((q[moved], other[useful]))
+    q = targets[:, None]
+    eligible = at[None, :] != q  # (target, source): a rescale at all
+    quick = eligible if up_s == down_s else eligible & ((at[None, :] > q) == (down_s < up_s))
+
+    def lowest_before(mask: np.ndarray) -> np.ndarray:
+        """Per target, the lowest backlog among the earlier sources (objective <=) that `mask` keeps."""
+        running = np.minimum.accumulate(np.where(mask, level[None, :], np.inf), axis=1)
+        return np.concatenate((np.full((len(targets), 1), np.inf), running[:, :-1]), axis=1)
+
+    bound = lowest_before(eligible) if up_s == down_s else np.where(quick, lowest_before(quick),
+                                                                     lowest_before(eligible))
+    source, target = np.nonzero((eligible & (bound > level[None, :])).T)
+    return order[source], targets[target]
 
 
 def solve_free(
