@@ -115,6 +115,16 @@ def predicted_recovery_s(
     return prediction.seconds if math.isfinite(prediction.seconds) else None
 
 
+def after_executed_rescale(recovery: RecoveryView, state: PlanState) -> bool:
+    """Whether a recovery follows a rescale this autoscaler executed: execute recorded the end of a
+    rescale at or after the job stopped (`started_at`; the runner runs in the job's process, so both
+    are on the job's clock) that left the job at the parallelism it recovered at. A parallelism change
+    the autoscaler did not make (in recommend mode, where nothing is executed; an operator's restart)
+    is none: analyze still times it, but no `recovered` event reports it."""
+    return (state.last_rescale_at is not None and state.last_rescale_at >= recovery.started_at
+            and state.parallelism == recovery.to_parallelism)
+
+
 def recovery_notice(recovery: RecoveryView, pending: PendingRecovery | None, state: PlanState | None = None
                     ) -> DecisionReason:
     """The `recovered` finding: the observed recovery beside the prediction of the rescale behind it.

@@ -2,8 +2,10 @@
 
 Before any policy: autoscaling off for the job holds, and so does a rescale in flight (one at a
 time; the state's `rescaling`, which the plan agent sets from execute's lock). Then the job's
-policy, chosen by its registry name, decides. A recovery the analysis reports is attached as a
-`recovered` notice, beside the prediction made when the rescale was decided. The slot quota is
+policy, chosen by its registry name, decides. A recovery the analysis reports after a rescale this
+autoscaler executed (`plan.proactive.after_executed_rescale`) is attached as a `recovered` notice,
+beside the prediction made when the rescale was decided; after a parallelism change it did not make
+(recommend mode, an operator's restart) there is none. The slot quota is
 the plan agent's (it reserves slots atomically across jobs); `with_quota` applies its grant.
 """
 
@@ -15,7 +17,7 @@ from contracts.jobs import JobConfig, Mode
 from contracts.messages import Action, Analysis, DecisionReason, ScalingDecision
 from contracts.plan_state import PlanState
 from plan.policy import Plan, ScalingPolicy, hold
-from plan.proactive import recovery_notice
+from plan.proactive import after_executed_rescale, recovery_notice
 from plan.registry import UnknownPolicy, make_policy
 
 
@@ -37,7 +39,9 @@ def decide(
     if new.needs_forecast != policy.needs_forecast:
         new = new.updated({"needs_forecast": policy.needs_forecast})
     if analysis.recovery is not None:
-        plan = replace(plan, notices=[*plan.notices, recovery_notice(analysis.recovery, state.pending_recovery, state)])
+        if after_executed_rescale(analysis.recovery, state):
+            notice = recovery_notice(analysis.recovery, state.pending_recovery, state)
+            plan = replace(plan, notices=[*plan.notices, notice])
         if new.pending_recovery == state.pending_recovery:  # unless this window rescales again
             new = new.updated({"pending_recovery": None})
     return new, plan
