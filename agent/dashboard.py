@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from agent.dashboard_view import job_series, job_summary, page_of
+from agent.dashboard_view import forecast_trust, job_series, job_summary, page_of
 from contracts.jobs import JobConfig
 from contracts.settings import Settings
 from infra.security import redact
@@ -153,11 +153,13 @@ class Dashboard:
         if since and since == version:
             return JSONResponse({"unchanged": True, "version": version})
         config: JobConfig = await self.knowledge.job_config(job_id)
-        analyses, decisions, summary = await asyncio.gather(
+        analyses, decisions, summary, state = await asyncio.gather(
             self.knowledge.analyses(job_id, self.settings.history_length),
             self.knowledge.decisions(job_id, self.settings.history_length),
-            self._summary(job_id, (config, analysis, latest)))
-        series = job_series(analyses, decisions, config.backlog_target_s)
+            self._summary(job_id, (config, analysis, latest)), self.knowledge.plan_state(job_id))
+        # The forecast is drawn as the job's planner uses it: trusted or not (the default policy's memory).
+        series = job_series(analyses, decisions, config.backlog_target_s,
+                            forecast_trust(config.policy, state.policy_state))
         return JSONResponse({"version": version, "summary": summary, "backlog_target_s": config.backlog_target_s,
                              **series})
 

@@ -6,15 +6,65 @@ series has no point)."""
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from agent.explain import clock, is_suppression, numbers_text
+from plan.forecast_skill import KEPT, LEAD_S, MAX_ERROR, MIN_SCORES
+from plan.policies.default import FORECAST_MAX_OFFSET, CostPlanner, PlannerMemory
 
 # A job whose last analysis is older than this many windows (and at least a minute) is stale.
 STALE_WINDOWS = 3
 # The forecast drawn ahead of the last window: at least this long, else half the history's span.
 FORECAST_SHOWN_MIN_S = 300.0
+# The rates chart's y axis: up to this much above the largest measured rate (arrivals, processed,
+# capacity); a forecast above it is clipped at the top edge, not allowed to squeeze the measured series.
+RATES_HEADROOM = 1.1
+
+
+@dataclass(frozen=True)
+class ForecastTrust:
+    """Whether the job's planner plans with analyze's forecast (`trusted`), how far above the point
+    forecast it takes the upper band (`band`, a log ratio), the level it applies the forecast's change to
+    (`level`), and why, in words."""
+
+    trusted: bool
+    band: float
+    level: float | None
+    why: str
+
+
+def forecast_trust(policy: str, policy_state: dict[str, Any]) -> ForecastTrust | None:
+    """The default policy's trust in the forecast, read from its memory in the plan state
+    (`plan.forecast_skill`: trusted while its predicted 10-minute changes came true); None for a policy
+    that does not score the forecast (it plans with it as it comes, or not at all)."""
+    if policy != CostPlanner.name:
+        return None
+    try:
+        memory = PlannerMemory.model_validate(policy_state) if policy_state else PlannerMemory()
+    except ValidationError:
+        return ForecastTrust(False, 0.0, None, "not trusted: the planner's memory is not readable")
+    skill, minutes = memory.skill, LEAD_S / 60
+    errors = [abs(e) for e in skill.errors[-KEPT:]]
+    if len(errors) < MIN_SCORES:
+        return ForecastTrust(False, skill.band(), memory.level.level(),
+                             f"not trusted yet: its {minutes:.0f}-minute change was checked {len(errors)} of "
+                             f"{MIN_SCORES} times since the load last shifted; the planner plans with the "
+                             "measured level")
+    median = statistics.median(errors)
+    if not skill.trusted():
+        return ForecastTrust(False, skill.band(), memory.level.level(),
+                             f"not trusted: its {minutes:.0f}-minute changes missed by {math.expm1(median):.0%} "
+                             f"(median; trusted within {math.expm1(MAX_ERROR):.0%}); the planner plans with the "
+                             "measured level")
+    return ForecastTrust(True, skill.band(), memory.level.level(),
+                         f"trusted: its {minutes:.0f}-minute changes came true within {math.expm1(median):.0%} "
+                         f"(median); upper band capped at +{math.expm1(skill.band()):.0%}, as the planner uses it")
 
 
 def health(last_analysis: dict[str, Any] | None, last_event: dict[str, Any] | None, backlog_target_s: float,
@@ -71,37 +121,62 @@ def _points_until(points: list[float], start: float, step: float, until: float) 
     return {start + i * step: float(v) for i, v in enumerate(points) if start + i * step <= until}
 
 
-def _forecast(analyses: list[dict[str, Any]]) -> tuple[dict[float, float], dict[float, float]]:
-    """The newest forecast's points and upper band, ahead of its window: at most half the history's span
-    ahead of the last window (and at least a few minutes), so the history stays readable beside it."""
-    if not analyses:
-        return {}, {}
+def _forecast(analyses: list[dict[str, Any]], trust: ForecastTrust | None
+              ) -> tuple[dict[str, dict[float, float]], str | None]:
+    """The newest forecast, ahead of its window (at most half the history's span ahead of the last window,
+    and at least a few minutes, so the history stays readable beside it), as the planner uses it:
+    `forecast` and `forecast_upper` (capped at the trusted band) when it plans with it, else the point
+    forecast alone as `forecast_untrusted`; and a note saying which and why."""
+    shown: dict[str, dict[float, float]] = {"forecast": {}, "forecast_upper": {}, "forecast_untrusted": {}}
+    newest = next((a for a in analyses if (a.get("forecast") or {}).get("values")), None)
+    if newest is None:
+        return shown, None
     span = float(analyses[0]["window_end"]) - float(analyses[-1]["window_end"])
     until = float(analyses[0]["window_end"]) + max(span / 2, FORECAST_SHOWN_MIN_S)
-    for analysis in analyses:
-        forecast = analysis.get("forecast")
-        if forecast and forecast.get("values"):
-            start, step = float(forecast["start"]), float(forecast["step_s"])
-            return (_points_until(forecast["values"], start, step, until),
-                    _points_until(forecast.get("upper") or [], start, step, until))
-    return {}, {}
+    forecast = newest["forecast"]
+    start, step = float(forecast["start"]), float(forecast["step_s"])
+    values = [float(v) for v in forecast["values"]]
+    upper = [float(v) for v in forecast.get("upper") or []]
+    note = None
+    if trust is not None:
+        note = f"forecast ({forecast.get('method', '?')}) {trust.why}"
+        offset = abs(values[0] / trust.level - 1) if trust.level and values[0] > 0 else math.inf
+        if trust.trusted and offset > FORECAST_MAX_OFFSET:
+            trust, note = None, (f"forecast ({forecast.get('method', '?')}) not used: it starts {offset:.0%} from "
+                                 f"the measured level (used within {FORECAST_MAX_OFFSET:.0%})")
+        elif trust.trusted and len(upper) == len(values):
+            upper = [min(max(u, v), v * math.exp(trust.band)) for u, v in zip(upper, values, strict=True)]
+        if trust is None or not trust.trusted:
+            shown["forecast_untrusted"] = _points_until(values, start, step, until)
+            return shown, note
+    shown["forecast"] = _points_until(values, start, step, until)
+    shown["forecast_upper"] = _points_until(upper, start, step, until)
+    return shown, note
+
+
+def _rates_range(rates: dict[str, list[Any]]) -> list[float] | None:
+    """The rates chart's y axis: from 0 to a little above the measured series (arrivals, processed,
+    capacity), whatever the forecast does; None before any."""
+    measured = [v for name in ("arrival", "processed", "capacity") for v in rates[name] if v is not None]
+    top = max(measured, default=0.0)
+    return [0.0, top * RATES_HEADROOM] if top > 0 else None
 
 
 def job_series(analyses: list[dict[str, Any]], decisions: list[dict[str, Any]],
-               backlog_target_s: float) -> dict[str, Any]:
-    """Every chart of a job's page, from its analyses and decisions (both newest first)."""
+               backlog_target_s: float, trust: ForecastTrust | None = None) -> dict[str, Any]:
+    """Every chart of a job's page, from its analyses and decisions (both newest first); `trust`: the
+    planner's trust in the forecast (`forecast_trust`), None for a policy that does not score it."""
     oldest_first = list(reversed(analyses))
 
     def column(read: Any) -> dict[float, float | None]:
         return {float(a["window_end"]): read(a) for a in oldest_first}
 
-    forecast, upper = _forecast(analyses)
+    forecast, note = _forecast(analyses, trust)
     rates = _aligned({
         "arrival": column(lambda a: a.get("arrival_rate")),
         "processed": column(lambda a: a.get("observed_processing_rate")),
         "capacity": column(_capacity),
-        "forecast": forecast,
-        "forecast_upper": upper,
+        **forecast,
     })
     marked = [d for d in reversed(decisions) if d["action"] != "none" or is_suppression(d)]
     parallelism = _aligned({
@@ -118,7 +193,8 @@ def job_series(analyses: list[dict[str, Any]], decisions: list[dict[str, Any]],
                 for a in oldest_first if a.get("recovery")}
     recovery = _aligned({"predicted": {t: v for t, v in predicted.items() if v is not None}, "observed": observed})
     return {
-        "rates": rates, "parallelism": parallelism, "backlog": backlog, "recovery": recovery,
+        "rates": rates, "rates_range": _rates_range(rates), "forecast_note": note,
+        "parallelism": parallelism, "backlog": backlog, "recovery": recovery,
         "markers": {f"{float(d['window_end']):.3f}": decision_detail(d) for d in marked},
         "decisions": [decision_detail(d) for d in decisions[:20]],
         "windows": len(analyses),

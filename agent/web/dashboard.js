@@ -87,10 +87,11 @@ function listPage() {
 // ---------------------------------------------------------------- a job
 
 const COLORS = { arrival: "#2563eb", processed: "#16a34a", capacity: "#9333ea", forecast: "#f59e0b",
-                 forecast_upper: "#fbbf24", parallelism: "#111827", decisions: "#dc2626", backlog: "#0891b2",
-                 target: "#b91c1c", predicted: "#9333ea", observed: "#16a34a" };
+                 forecast_upper: "#fbbf24", forecast_untrusted: "rgba(107, 114, 128, 0.5)", parallelism: "#111827",
+                 decisions: "#dc2626", backlog: "#0891b2", target: "#b91c1c", predicted: "#9333ea", observed: "#16a34a" };
 const LABELS = { arrival: "arrival rate", processed: "processed rate", capacity: "predicted capacity",
-                 forecast: "forecast", forecast_upper: "forecast upper band", parallelism: "parallelism",
+                 forecast: "forecast", forecast_upper: "forecast upper band",
+                 forecast_untrusted: "forecast, not trusted", parallelism: "parallelism",
                  decisions: "decisions", backlog: "backlog (records)", target: "backlog target (records)",
                  predicted: "predicted recovery (s)", observed: "observed recovery (s)" };
 const CHARTS = [
@@ -104,6 +105,7 @@ const job = { id: document.body.dataset.job, version: "", charts: {}, data: null
 function seriesOptions(chart, name) {
   const options = { label: LABELS[name] || name, stroke: COLORS[name] || "#555", width: 2, spanGaps: true };
   if (name === "forecast_upper") options.dash = [6, 4];
+  if (name === "forecast_untrusted") Object.assign(options, { dash: [3, 5], width: 1.5 });
   if (chart.points && chart.points.includes(name)) {
     Object.assign(options, { paths: () => null, points: { show: true, size: 10, fill: COLORS[name] } });
   } else if (chart.stepped) {
@@ -137,18 +139,26 @@ function drawChart(chart, data) {
   holder.append(el("h3", chart.title));
   document.getElementById("charts").append(holder);
   const width = Math.max(400, holder.clientWidth || 600);
-  // Recoveries are few points: their chart spans the job's windows, as the others do.
+  // The time axis spans the chart's own points (in seconds), and the recovery chart's few points span the
+  // job's windows, as the others do. Not uPlot's min and max: for a single point its time scale adds
+  // 86,400 / 0.001 s (a day taken for milliseconds), an axis of 1,000 days.
   const span = (u, min, max) => {
-    const windows = job.data.parallelism.x;
-    return chart.key === "recovery" && windows.length
-      ? [Math.min(min, windows[0]), Math.max(max, windows[windows.length - 1])] : [min, max];
+    const times = chart.key === "recovery" ? [...u.data[0], ...job.data.parallelism.x] : u.data[0];
+    let lo = Infinity, hi = -Infinity;
+    for (const t of times) { if (t !== null) { lo = Math.min(lo, t); hi = Math.max(hi, t); } }
+    if (lo === Infinity) return [min, max];
+    return lo === hi ? [lo - 60, hi + 60] : [lo, hi];
   };
+  // The rates chart's y axis spans the measured rates (rates_range): a forecast beyond them is clipped.
+  const scales = { x: { time: true, range: span } };
+  if (chart.key === "rates") scales.y = { range: (u, min, max) => job.data.rates_range || [min, max] };
   const options = {
-    width, height: 240, scales: { x: { time: true, range: span } }, axes: [{}, { size: 70 }],
+    width, height: 240, scales, axes: [{}, { size: 70 }],
     series: [{}, ...names.map(n => seriesOptions(chart, n))],
     hooks: chart.key === "parallelism" ? { setCursor: [u => { const d = markerAt(u); if (d) showDetail(d); }] } : {},
   };
   const plot = new uPlot(options, columns, holder);
+  if (chart.key === "rates") holder.append(el("p", null, "forecast-note"));  // which forecast, and why
   if (chart.key === "parallelism") {
     plot.over.addEventListener("click", () => { const d = markerAt(plot); if (d) showDetail(d); });
   }
@@ -168,7 +178,8 @@ function record(data) {
   }
   Object.assign(state, { windows: data.windows, decisions: data.decisions.length,
                          lastDecision: data.decisions[0] || null, lastWindowEnd: data.last_window_end,
-                         markers: Object.keys(data.markers).length, updates: state.updates + 1 });
+                         markers: Object.keys(data.markers).length, ratesRange: data.rates_range,
+                         forecastNote: data.forecast_note, updates: state.updates + 1 });
 }
 
 function render(data) {
@@ -180,6 +191,8 @@ function render(data) {
     `${data.windows} windows · backlog target ${data.backlog_target_s} s of arrivals`;
   document.getElementById("empty").hidden = data.windows > 0;
   if (data.windows > 0) for (const chart of CHARTS) drawChart(chart, data[chart.key]);
+  const note = document.querySelector(".forecast-note");
+  if (note) { note.textContent = data.forecast_note || ""; note.hidden = !data.forecast_note; }
   const body = document.querySelector("#decisions tbody");
   body.replaceChildren(...data.decisions.map(d => {
     const row = el("tr", null, d.action !== "none" ? "action" : (d.suppressed ? "suppressed" : ""));

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.dashboard_view import decision_detail, health, job_series, job_summary, page_of
+from agent.dashboard_view import (
+    ForecastTrust,
+    decision_detail,
+    forecast_trust,
+    health,
+    job_series,
+    job_summary,
+    page_of,
+)
+from plan.forecast_skill import ForecastSkill
+from plan.level import LevelState
+from plan.policies.default import PlannerMemory
 
 NOW = 10_000.0
 
@@ -125,8 +138,8 @@ def test_the_job_route_answers_the_same_row_as_the_list_and_unchanged_when_nothi
 
     async def answers() -> tuple[dict[str, Any], ...]:
         await knowledge.register_job("j1")
-        for t in (10.0, 20.0):
-            await knowledge.commit_window("j1", "analyze", t, json.dumps(analysis(t)))
+        for t in (10.0, 20.0):  # the default policy, its forecast not scored yet
+            await knowledge.commit_window("j1", "analyze", t, json.dumps(analysis(t, forecast=runaway(t))))
             acted = decision(t, "scale_up" if t == 20 else "none", 4)
             await knowledge.commit_window("j1", "plan", t, json.dumps(acted))
         page = json.loads((await board.api_job(request({"job_id": "j1"}))).body)
@@ -138,6 +151,66 @@ def test_the_job_route_answers_the_same_row_as_the_list_and_unchanged_when_nothi
     page, listed, again, missing = asyncio.run(answers())
     assert listed["jobs"] == [page["summary"]]
     assert page["summary"]["last_decision"]["action"] == "scale_up" and page["summary"]["parallelism"] == 2
-    assert page["rates"]["x"] == [10.0, 20.0] and page["version"] == "20.0/d20.0"
+    assert page["rates"]["x"][:2] == [10.0, 20.0] and page["version"] == "20.0/d20.0"
+    assert page["forecast_note"].startswith("forecast (linear_trend) not trusted yet")
+    assert page["rates"]["forecast_untrusted"][-1] == pytest.approx(776.0)
+    assert page["rates_range"] == [0.0, pytest.approx(110.0)]  # 100 rec/s arrive; the forecast is clipped
     assert again == {"unchanged": True, "version": page["version"]}
     assert missing == {"status": 404}
+
+
+def runaway(t: float) -> dict[str, Any]:
+    """The forecast analyze fits across a step from 120 to 560 rec/s: a linear trend to 2,700 rec/s, upper band
+    4,000, within five minutes."""
+    return {"values": [560.0 + 7.2 * k for k in range(1, 31)], "upper": [700.0 + 11.0 * k for k in range(1, 31)],
+            "start": t + 10.0, "step_s": 10.0, "method": "linear_trend"}
+
+
+def memory(errors: list[float], level: float = 560.0) -> dict[str, Any]:
+    """The default planner's memory in the plan state: its forecast's scored log errors, the arrival level."""
+    skill = ForecastSkill(errors=errors)
+    levels = LevelState(points=[(float(t), math.log(level)) for t in range(0, 60, 10)])
+    return PlannerMemory(skill=skill, level=levels).model_dump(mode="json")
+
+
+def test_an_untrusted_forecast_is_drawn_apart_and_the_axis_stays_on_what_was_measured() -> None:
+    step = [analysis(float(t), arrival_rate=560.0 if t > 100 else 120.0, observed_processing_rate=500.0,
+                     capacity={"current": 690.0}) for t in range(300, 0, -10)]
+    step[0]["forecast"] = runaway(300.0)
+    trust = forecast_trust("default", memory([]))  # the level shifted: no score since
+    assert trust is not None and not trust.trusted and "0 of 3 times" in trust.why
+    series = job_series(step, [], 60.0, trust)
+    rates = series["rates"]
+    assert max(v for v in rates["forecast_untrusted"] if v is not None) == pytest.approx(560 + 7.2 * 30)
+    assert set(rates["forecast"]) == set(rates["forecast_upper"]) == {None}  # the planner does not plan with it
+    assert "not trusted yet" in series["forecast_note"] and "linear_trend" in series["forecast_note"]
+    assert series["rates_range"] == [0.0, pytest.approx(690.0 * 1.1)]  # capacity, the highest measured
+    missed = forecast_trust("default", memory([0.4, -0.5, 0.3]))
+    assert missed is not None and not missed.trusted and "missed by 49%" in missed.why
+
+
+def test_a_trusted_forecast_is_drawn_with_the_band_the_planner_caps_it_at() -> None:
+    errors = [0.02, -0.04, 0.05, 0.01]
+    trust = forecast_trust("default", memory(errors))
+    assert trust is not None and trust.trusted and trust.band == ForecastSkill(errors=errors).band() > 0.04
+    steady = [analysis(float(t), arrival_rate=560.0) for t in range(300, 0, -10)]
+    steady[0]["forecast"] = runaway(300.0)
+    series = job_series(steady, [], 60.0, trust)
+    rates = series["rates"]
+    shown = [(v, u) for v, u in zip(rates["forecast"], rates["forecast_upper"], strict=True) if v is not None]
+    assert shown and all(u == pytest.approx(v * math.exp(trust.band)) for v, u in shown)
+    assert set(rates["forecast_untrusted"]) == {None}
+    assert series["forecast_note"].startswith("forecast (linear_trend) trusted: its 10-minute changes came true")
+    assert series["rates_range"] == [0.0, pytest.approx(560.0 * 1.1)]  # a trusted forecast is clipped too
+    # One that starts far from the measured level is not used by the planner, trusted or not.
+    far = job_series(steady, [], 60.0, forecast_trust("default", memory([0.02, -0.04, 0.05], level=300.0)))
+    assert set(far["rates"]["forecast"]) == {None} and "not used: it starts 89% from" in far["forecast_note"]
+    assert any(v is not None for v in far["rates"]["forecast_untrusted"])
+
+
+def test_only_the_default_policy_scores_its_forecast() -> None:
+    assert forecast_trust("hybrid", memory([])) is None
+    assert forecast_trust("default", {"something": "else"}) == ForecastTrust(
+        False, 0.0, None, "not trusted: the planner's memory is not readable")
+    with_band = job_series([analysis(10.0, forecast=runaway(10.0))], [], 60.0, None)
+    assert with_band["forecast_note"] is None and with_band["rates"]["forecast_upper"][-1] == 1030.0
