@@ -5,6 +5,11 @@ topological order, propagate the target rate from the sources through each opera
 and give each operator the instances its true processing rate needs to carry its target input rate.
 For shared-slot engines (Spark), DS2's Timely rule: the job needs the sum of its operators' needs,
 which the job-level busy time already adds up, so slots = target rate / per-slot true rate.
+
+Both size a rescale for the same target: the arrival rate plus, drained within the catch-up
+duration, the backlog and what arrives while the job restarts. Staying put costs no restart, so
+whether to stay (already optimal, or inside the utilization band) is judged on the steady target,
+the same one without the restart's arrivals.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ def slots_for(rate: float, per_instance_rate: float, target_utilization: float) 
     return max(1, math.ceil(rate / (per_instance_rate * target_utilization) - EPSILON))
 
 
-def target_rate(arrival_rate: float, backlog: int, catch_up_duration_s: float, restart_time_s: float = 0.0) -> float:
+def target_rate(
+    arrival_rate: float, backlog: float, catch_up_duration_s: float, restart_time_s: float = 0.0
+) -> float:
     """Keep up with arrivals and drain, within the catch-up duration, the current backlog plus what
     arrives while the job restarts (zero when it stays as it is)."""
     return arrival_rate + (backlog + arrival_rate * restart_time_s) / catch_up_duration_s
@@ -40,24 +47,42 @@ def topological_order(operators: list[OperatorAnalysis]) -> list[OperatorAnalysi
 
 
 def operator_targets(
-    operators: list[OperatorAnalysis], job_arrival_rate: float | None, target_utilization: float
+    operators: list[OperatorAnalysis], job_arrival_rate: float | None, target_utilization: float,
+    backlog: int = 0, catch_up_duration_s: float = math.inf, restart_time_s: float = 0.0,
 ) -> tuple[dict[str, int], dict[str, float]]:
-    """DS2 Eq. 7: (optimal parallelism, target input rate) per operator.
+    """DS2 Eq. 7 with the catch-up: (optimal parallelism, target input rate) per operator.
 
-    A source operator's target input rate is its own reported arrival rate, else the job's arrival
-    rate shared evenly by the sources, else what it processes now (no better signal)."""
+    A source operator's arrival rate is its own reported one, else the job's arrival rate shared
+    evenly by the sources, else what it processes now (no better signal). A source with an arrival
+    rate gets `target_rate` of it: its share of the backlog (the job's backlog is at the sources,
+    shared in proportion to their arrival rates, evenly when none arrives) and of what arrives
+    during `restart_time_s`, drained within `catch_up_duration_s`; one without gets no catch-up term,
+    as the job-level plan. Each other operator's target is what its upstream operators' targets
+    emit (x their measured selectivity). That propagation is linear, so an operator's target is its
+    share of the arrival rate plus (backlog + restart arrivals) x the fraction of source records
+    that reach it (the product of the selectivities on the way, summed over the paths) / catch-up."""
     sources = [op for op in operators if not op.upstream]
+    arrivals: dict[str, float | None] = {}
+    for op in sources:
+        if op.arrival_rate is not None:
+            arrivals[op.operator_id] = op.arrival_rate
+        elif job_arrival_rate is not None:
+            arrivals[op.operator_id] = job_arrival_rate / len(sources)
+        else:
+            arrivals[op.operator_id] = None
+    known = [rate for rate in arrivals.values() if rate is not None]
+    total = sum(known)
     target_in: dict[str, float] = {}
     target_out: dict[str, float] = {}
     parallelism: dict[str, int] = {}
     for op in topological_order(operators):
         if not op.upstream:
-            if op.arrival_rate is not None:
-                rate_in = op.arrival_rate
-            elif job_arrival_rate is not None:
-                rate_in = job_arrival_rate / len(sources)
-            else:
+            arrival = arrivals[op.operator_id]
+            if arrival is None:
                 rate_in = op.observed_processing_rate
+            else:
+                share = arrival / total if total > 0 else 1 / len(known)
+                rate_in = target_rate(arrival, backlog * share, catch_up_duration_s, restart_time_s)
         else:
             rate_in = sum(target_out[up] for up in op.upstream)
         target_in[op.operator_id] = rate_in
@@ -89,7 +114,7 @@ def plan_ds2(analysis: Analysis, config: JobConfig, restart_time_s: float = 0.0)
     if not analysis.valid:
         return hold(current, "invalid_window", analysis.invalid_reason or "window not usable", rule="valid_window")
     if config.per_operator and analysis.operators:
-        return _plan_per_operator(analysis, config)
+        return _plan_per_operator(analysis, config, restart_time_s)
     return _plan_job(analysis, config, restart_time_s)
 
 
@@ -158,25 +183,44 @@ def _plan_job(analysis: Analysis, config: JobConfig, restart_time_s: float) -> P
                 recommended=to)
 
 
-def _plan_per_operator(analysis: Analysis, config: JobConfig) -> Plan:
-    targets, target_in = operator_targets(analysis.operators, analysis.arrival_rate, config.target_utilization)
-    bounded = {op_id: bound(p, config, analysis)[0] for op_id, p in targets.items()}
+def _plan_per_operator(analysis: Analysis, config: JobConfig, restart_time_s: float) -> Plan:
+    """Each operator at DS2's parallelism for the job-level target (`operator_targets`), as the
+    job-level plan: a rescale is sized with the restart's arrivals, staying put is judged without
+    them. The plan's parallelism is the largest operator's (the slots the job holds when a slot runs
+    one instance of each operator), `operator_targets` each one's."""
+    def targets(restart_s: float) -> tuple[dict[str, int], dict[str, float]]:
+        parallelism, target_in = operator_targets(
+            analysis.operators, analysis.arrival_rate, config.target_utilization,
+            analysis.backlog or 0, config.catch_up_duration_s, restart_s)
+        return {op_id: bound(p, config, analysis)[0] for op_id, p in parallelism.items()}, target_in
+
+    steady, steady_in = targets(0.0)
+    bounded, target_in = targets(restart_time_s)
     current = {op.operator_id: op.parallelism for op in analysis.operators}
-    numbers: dict[str, float | int | None] = {}
+    numbers: dict[str, float | int | None] = {
+        "arrival_rate": analysis.arrival_rate, "backlog": analysis.backlog,
+        "restart_time_s": round(restart_time_s, 3),
+    }
     implied: dict[str, float] = {}
     for op in analysis.operators:
-        numbers[f"{op.operator_id}.true_processing_rate"] = round(op.true_processing_rate, 3)
-        numbers[f"{op.operator_id}.true_output_rate"] = round(op.true_output_rate, 3)
-        numbers[f"{op.operator_id}.target_rate"] = round(target_in[op.operator_id], 3)
+        op_id = op.operator_id
+        numbers[f"{op_id}.true_processing_rate"] = round(op.true_processing_rate, 3)
+        numbers[f"{op_id}.true_output_rate"] = round(op.true_output_rate, 3)
+        numbers[f"{op_id}.target_rate"] = round(target_in[op_id], 3)
+        numbers[f"{op_id}.steady_target_rate"] = round(steady_in[op_id], 3)
         if op.true_processing_rate > 0:
-            implied[op.operator_id] = target_in[op.operator_id] / (op.parallelism * op.true_processing_rate)
+            implied[op_id] = steady_in[op_id] / (op.parallelism * op.true_processing_rate)
+            numbers[f"{op_id}.implied_utilization"] = round(implied[op_id], 4)
     to = max(bounded.values())
-    if bounded == current:
+    if all(steady[k] <= current[k] <= bounded[k] for k in current):
+        # Every operator optimal as it is, or a scale-down whose restart would cost more than it frees.
+        unpaid = ", ".join(f"{k} {current[k]}->{steady[k]}" for k in current if steady[k] != current[k])
         return Plan(
             Action.NONE, analysis.parallelism,
-            DecisionReason(code="at_optimal", rule="ds2", message="every operator runs at its DS2 parallelism",
-                           numbers=numbers),
-            operator_targets=bounded,
+            DecisionReason(code="at_optimal", rule="ds2", numbers=numbers,
+                           message="every operator runs at its DS2 parallelism"
+                           + (f"; rescaling ({unpaid}) would not pay for its restart" if unpaid else "")),
+            operator_targets=current,
         )
     if all(_within_band(u, config) for u in implied.values()):
         return Plan(
@@ -186,7 +230,7 @@ def _plan_per_operator(analysis: Analysis, config: JobConfig) -> Plan:
                 message="every operator's implied utilization is inside the target band",
                 numbers=numbers,
             ),
-            operator_targets=current,
+            operator_targets=current, recommended=to,
         )
     grows = any(bounded[k] > current[k] for k in bounded)
     action = Action.SCALE_UP if grows else Action.SCALE_DOWN
@@ -194,5 +238,5 @@ def _plan_per_operator(analysis: Analysis, config: JobConfig) -> Plan:
     return Plan(
         action, to,
         DecisionReason(code="ds2_optimal", rule="ds2", message=f"DS2 per-operator targets: {changes}", numbers=numbers),
-        operator_targets=bounded,
+        operator_targets=bounded, recommended=to,
     )

@@ -71,7 +71,8 @@ def test_three_operator_job_gets_ds2_optimal_parallelism_in_one_decision(
 ) -> None:
     job = "wordcount"
     register(settings, job, policy="reactive", per_operator="true", target_utilization="1.0", utilization_band="0",
-             max_parallelism="64", catch_up_duration_s="1e9", stabilization_windows="0", min_samples="1")
+             max_parallelism="64", catch_up_duration_s="100", restart_time_s="10", stabilization_windows="0",
+             min_samples="1")
     start = math.floor(time.time() / 10) * 10 - 100
     reports = three_operator_reports(job, start, 11)  # the 11th report closes the first window
     decisions = Collector(settings, settings.topics.decisions)
@@ -79,10 +80,15 @@ def test_three_operator_job_gets_ds2_optimal_parallelism_in_one_decision(
     got = decisions.until(ScalingDecision.model_validate_json, lambda d: len(d) >= 1, timeout=60)
     decisions.close()
     decision = got[0]
-    # DS2 Eq. 7: source 3000/1000 = 3; flatmap 3000/500 = 6; count 3000*5/2000 = 7.5 -> 8.
-    assert decision.operator_targets == {"source": 3, "flatmap": 6, "count": 8}
+    # DS2 Eq. 7 with the catch-up: 3,000 rec/s plus the backlog (18,000-20,000 records, the window's last
+    # report's) and the 10 s restart's arrivals drained in 100 s reach every operator: about 3,490 rec/s.
+    # Source 3490/1000 -> 4; flatmap 3490/500 -> 7; count 3490*5/2000 = 8.7 -> 9.
+    backlog = decision.reason.numbers["backlog"]
+    assert backlog is not None and 18_000 <= backlog <= 20_000
+    assert decision.reason.numbers["count.target_rate"] == pytest.approx(5 * (3000 + (backlog + 3000 * 10) / 100))
+    assert decision.operator_targets == {"source": 4, "flatmap": 7, "count": 9}
     assert decision.action.value == "scale_up"
-    assert decision.to_parallelism == 8
+    assert decision.to_parallelism == 9
     assert decision.reason.numbers["flatmap.true_processing_rate"] == pytest.approx(500.0)
     assert len(got) == 1
 
@@ -144,7 +150,7 @@ def test_each_stage_in_its_own_process_with_two_monitor_workers(settings: Settin
         jobs = [f"job-{i}" for i in range(8)]
         for job in jobs:
             register(settings, job, policy="reactive", per_operator="true", target_utilization="1.0",
-                     utilization_band="0", max_parallelism="64", catch_up_duration_s="1e9",
+                     utilization_band="0", max_parallelism="64", catch_up_duration_s="100", restart_time_s="10",
                      stabilization_windows="0", min_samples="1")
         start = math.floor(time.time() / 10) * 10 - 100
         decisions = Collector(settings, settings.topics.decisions)
@@ -153,7 +159,7 @@ def test_each_stage_in_its_own_process_with_two_monitor_workers(settings: Settin
         got = decisions.until(ScalingDecision.model_validate_json, lambda d: len(d) >= len(jobs), timeout=90)
         decisions.close()
         assert sorted(d.job_id for d in got) == jobs
-        assert all(d.operator_targets == {"source": 3, "flatmap": 6, "count": 8} for d in got)
+        assert all(d.operator_targets == {"source": 4, "flatmap": 7, "count": 9} for d in got)
         # Both monitor workers took part: the jobs' partitions were shared between them.
         accepted = [accepted_reports(w.web_port) for w in workers[:2]]
         assert all(n > 0 for n in accepted) and sum(accepted) == len(records), accepted
