@@ -74,7 +74,11 @@ class MetricReport(Contract):
     timestamp: PositiveFloat = Field(description="End of the interval, epoch seconds.")
     interval_s: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)]
     worker_id: Annotated[str, Field(min_length=1, max_length=128)] = "driver"
-    parallelism: Parallelism = Field(description="The job's current parallelism (task slots for Spark).")
+    parallelism: Parallelism = Field(
+        description="The job's current parallelism (task slots for Spark). A job whose operators scale "
+        "independently reports its largest operator parallelism: the slots it holds when a slot runs one "
+        "instance of each operator (Flink's slot sharing)."
+    )
     records_in: NonNegativeInt
     records_out: NonNegativeInt
     busy_time_s: NonNegativeFloat = Field(
@@ -301,10 +305,20 @@ class ScalingDecision(Contract):
     timestamp: float = Field(default_factory=time.time)
     window_end: float
     action: Action
-    from_parallelism: Parallelism
-    to_parallelism: Parallelism
+    from_parallelism: Parallelism = Field(
+        description="The analysed window's parallelism (its last report's); for a job planned per operator, "
+        "the largest operator parallelism."
+    )
+    to_parallelism: Parallelism = Field(
+        description="The parallelism decided (for a rescale, what execute asks the job runner for); for a job "
+        "planned per operator, the largest of `operator_targets` unless a control changed it."
+    )
     operator_targets: dict[str, int] = Field(
-        default_factory=dict, description="Per-operator parallelism where operators scale independently."
+        default_factory=dict, description="Per-operator parallelism where operators scale independently "
+        "(`per_operator`): each operator's planned parallelism, its current one when the plan holds. The "
+        "controls (step bounds, partition alignment, the slot quota) change `to_parallelism` only, and the "
+        "rescale command carries `to_parallelism` only. DS2's `action` is `scale_up` when any operator grows, "
+        "else `scale_down`: with operators moving both ways, `to_parallelism` can be below `from_parallelism`."
     )
     policy: str
     target_utilization: float
