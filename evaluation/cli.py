@@ -21,7 +21,15 @@ from evaluation.html_report import report_page
 from evaluation.job_models import WARM_UP_S, JobModelError
 from evaluation.report import markdown, plot, print_convergence, print_held_out, print_table
 from evaluation.suite import EVALUATED, EvalSettings, calibration, cases_of, evaluate_all, summarize
-from evaluation.traces import REGIMES, SHARED_TRACES, TRACE_NAMES, TraceError, read_trace_file
+from evaluation.traces import (
+    GAP_FILLS,
+    MAX_FILLED_GAP_ROWS,
+    REGIMES,
+    SHARED_TRACES,
+    TRACE_NAMES,
+    TraceError,
+    read_trace_file,
+)
 from plan.registry import DEFAULT_POLICY, POLICIES
 
 RESULTS = Path("results")  # relative to where the command runs
@@ -34,6 +42,10 @@ def evaluate_command(
     trace_file: Annotated[list[Path] | None, typer.Option(
         help="Your own trace: CSV with a header `seconds,rate` (seconds since the start, records/s), any "
              "regular sampling. Repeatable.")] = None,
+    fill_gaps: Annotated[str, typer.Option(
+        help="--trace-file rows missing from the regular sampling (a step of a whole number of rows): none "
+             "refuses the file; linear fills them on a straight line between the rows on each side and says how "
+             f"many it filled (at most {MAX_FILLED_GAP_ROWS} missing in a row).")] = "none",
     hours: Annotated[float, typer.Option(help="Hours of load replayed per trace.")] = 6.0,
     peak: Annotated[float, typer.Option(help="Each trace is scaled by one factor so that its peak (or mean, "
                                              "see --scaling) is this rate (rec/s).")] = 1400.0,
@@ -78,12 +90,18 @@ def evaluate_command(
         if name not in TRACE_NAMES:
             raise typer.BadParameter(f"unknown trace {name!r}; choose from {', '.join(TRACE_NAMES)} "
                                      "(or pass your own with --trace-file)")
+    if fill_gaps not in ("none", *GAP_FILLS):
+        raise typer.BadParameter(f"choose none or {', '.join(GAP_FILLS)}", param_hint="--fill-gaps")
+    fill = next((choice for choice in GAP_FILLS if choice == fill_gaps), None)
     files = [str(path) for path in trace_file or []]
     for path in files:
         try:
-            read_trace_file(path)
+            series = read_trace_file(path, fill)
         except TraceError as exc:
             raise typer.BadParameter(str(exc), param_hint="--trace-file") from None
+        if series.filled:
+            console.print(f"{path}: {series.filled} missing rows filled linearly ({len(series.values)} rows of "
+                          f"{series.row_s:g} s)")
     traces = [*(trace or []), *files] or [*SHARED_TRACES, "step-up", "drop"]
     if scaling not in ("peak", "mean", "stretch"):
         raise typer.BadParameter("choose peak, mean or stretch", param_hint="--scaling")
@@ -99,7 +117,8 @@ def evaluate_command(
     settings = EvalSettings(hours=hours, peak=peak, scaling=scaling, max_parallelism=max_parallelism,  # type: ignore[arg-type]
                             backlog_target_s=backlog_target_s, seeds=seeds, first_seed=first_seed,
                             rate_noise=rate_noise, regimes=regimes,  # type: ignore[arg-type]
-                            job_model=str(job_model) if job_model else None, backend=kinds[backend])
+                            job_model=str(job_model) if job_model else None, backend=kinds[backend],
+                            fill_gaps=fill)
     try:
         settings.job().model(in_place=settings.backend is BackendKind.IN_PLACE)
     except JobModelError as exc:

@@ -38,7 +38,7 @@ from evaluation.simulator import (
     simulate,
     static_parallelism,
 )
-from evaluation.traces import REGIMES, Regime, Scaling, Trace, load_trace, resolve
+from evaluation.traces import REGIMES, GapFill, Regime, Scaling, Trace, load_trace, resolve
 from plan.registry import POLICIES, make_policy, policy_class
 
 # Every policy of the registry, in the order the tables show them: the baselines, then ours.
@@ -60,6 +60,7 @@ class EvalSettings:
     job_model: str | None = None  # a job-model file (`autoscaler calibrate`); None: the demo job's
     regimes: tuple[Regime, ...] = REGIMES
     backend: BackendKind = BackendKind.RESTART  # how every policy's job (and the oracle's) is rescaled
+    fill_gaps: GapFill | None = None  # a trace file's missing rows: refused (None), or filled
 
     def job(self) -> JobModelFile:
         return load_job_model(self.job_model)
@@ -118,7 +119,8 @@ def evaluate_case(name: str, regime: Regime, seed: int, policies: Sequence[str],
     if forecasting:
         one_blas_thread()
     model = settings.job().model(in_place=settings.backend is BackendKind.IN_PLACE)
-    trace = load_trace(name, settings.hours, settings.peak, WINDOW_S, regime, seed, settings.scaling)
+    trace = load_trace(name, settings.hours, settings.peak, WINDOW_S, regime, seed, settings.scaling,
+                       settings.fill_gaps)
     config = eval_config(settings)
     noise = settings.noise  # read from the job-model file once per case
     factors = rate_factors(len(trace.rates), seed, noise)
@@ -221,7 +223,7 @@ def cases_of(traces: Sequence[str], settings: EvalSettings) -> list[tuple[str, R
     seeds = range(settings.first_seed, settings.first_seed + settings.seeds)
     out = []
     for name in traces:
-        series = resolve(name, settings.hours)
+        series = resolve(name, settings.hours, settings.fill_gaps)
         regimes = settings.regimes if series.row_s > WINDOW_S else ("real-time",)
         out += [(name, regime, seed) for regime in regimes for seed in seeds]
     return out

@@ -1,7 +1,8 @@
 """Workload traces: the one loader of trace files, the built-in traces, and their replay per window.
 
 A trace is a `Series`: one arrival rate per row, rows a fixed number of seconds apart. It comes
-from a user's file (`read_trace_file`: CSV with a `seconds,rate` header), from a built-in trace
+from a user's file (`read_trace_file`: CSV with a `seconds,rate` header; missing rows refused, or filled
+on request by `fill_gaps`), from a built-in trace
 (`builtin_series`: the five real traces in evaluation/traces, provenance in its README; pmdarima's
 `taylor`; synthetic shapes), or from the load generator's files (`read_rates`).
 
@@ -43,6 +44,10 @@ TRACE_NAMES = (*SHARED_TRACES, "taylor", *SYNTHETIC)
 Scaling = Literal["peak", "mean", "stretch"]
 Regime = Literal["compressed", "real-time"]
 REGIMES: tuple[Regime, ...] = ("compressed", "real-time")
+GapFill = Literal["linear"]
+GAP_FILLS: tuple[GapFill, ...] = ("linear",)
+MAX_FILLED_GAP_ROWS = 12  # `fill_gaps`: a longer run of missing rows is refused (at 5-minute rows: an hour)
+SAMPLING_TOLERANCE = 0.01  # a step within 1 % of the sampling (or, filling gaps, of a multiple of it) is on time
 
 
 class TraceError(ValueError):
@@ -58,6 +63,7 @@ class Series:
     row_s: float
     source: str
     sha256: str | None = None
+    filled: int = 0  # rows missing from the file and filled (`fill_gaps`)
 
 
 @dataclass(frozen=True)
@@ -94,10 +100,16 @@ def read_rates(path: str | Path) -> list[float]:
     return values
 
 
-def read_trace_file(path: str | Path) -> Series:
+def read_trace_file(path: str | Path, fill: GapFill | None = None) -> Series:
     """A user's trace: CSV with a header naming `seconds` (since the start) and `rate` (records/s),
-    any regular sampling. Raises TraceError naming the problem and the line."""
+    any regular sampling. Raises TraceError naming the problem and the line.
+
+    The sampling is the median step between rows; every step must be within 1 % of it. A step of a
+    whole number of samplings is missing rows: refused by default ("irregular sampling"); with
+    `fill="linear"` they are filled (`fill_gaps`) and `Series.filled` counts them."""
     path = Path(path)
+    if fill is not None and fill not in GAP_FILLS:
+        raise TraceError(f"unknown gap fill {fill!r}; choose {', '.join(GAP_FILLS)}")
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -129,15 +141,54 @@ def read_trace_file(path: str | Path) -> Series:
             raise TraceError(f"{path}, line {line}: time {t:g} s is not after {seconds[-1]:g} s (rows must be sorted)")
         seconds.append(t)
         rates.append(r)
-    steps = np.diff(seconds)
-    row_s = float(np.median(steps))
-    if np.abs(steps - row_s).max() > 0.01 * row_s + EPSILON:
-        worst = int(np.abs(steps - row_s).argmax())
-        raise TraceError(f"{path}, line {worst + 3}: irregular sampling ({steps[worst]:g} s after the previous "
-                         f"row; most rows are {row_s:g} s apart)")
     if max(rates) <= 0:
         raise TraceError(f"{path}: every rate is 0")
-    return Series(path.stem, np.asarray(rates, dtype=float), row_s, path.name, hashlib.sha256(raw).hexdigest())
+    times = np.asarray(seconds)
+    row_s = float(np.median(np.diff(times)))
+    try:
+        values, filled = fill_gaps(times, np.asarray(rates, dtype=float), row_s, allow=fill is not None)
+    except GapError as exc:
+        raise TraceError(f"{path}, line {exc.row + 2}: {exc}") from None
+    return Series(path.stem, values, row_s, path.name, hashlib.sha256(raw).hexdigest(), filled)
+
+
+class GapError(ValueError):
+    """A step between two rows that `fill_gaps` cannot accept; `row` is the index of the row after it."""
+
+    def __init__(self, message: str, row: int) -> None:
+        super().__init__(message)
+        self.row = row
+
+
+def fill_gaps(seconds: np.ndarray, rates: np.ndarray, row_s: float, *, allow: bool = True,
+              max_gap_rows: int = MAX_FILLED_GAP_ROWS) -> tuple[np.ndarray, int]:
+    """The rates on the regular grid of `row_s` from the first row, and how many rows were filled.
+
+    Pure. Every step between consecutive rows (sorted `seconds`) must be within `SAMPLING_TOLERANCE` of
+    `row_s` (no row missing) or, when `allow`, of a whole multiple k x row_s: the k - 1 rows missing there
+    are filled by linear interpolation between the rows on each side; the recorded rows keep their own
+    rates. Raises GapError ("irregular sampling") for a step that is no whole multiple, for any missing
+    row when not `allow`, and for a run of more than `max_gap_rows` missing rows (a straight line over a
+    long outage would be made-up load)."""
+    gaps = np.diff(seconds)
+    multiples = np.maximum(np.rint(gaps / row_s), 1.0)
+    late = np.abs(gaps - multiples * row_s) > SAMPLING_TOLERANCE * row_s + EPSILON  # no whole multiple
+    off = late | ((multiples > 1) & (not allow))
+    if off.any():
+        worst = int(np.flatnonzero(off)[np.abs(gaps - row_s)[off].argmax()])
+        gap = (multiples > 1) & ~late
+        hint = "" if late[worst] else (f"; {int(multiples[worst]) - 1} row(s) missing there, "
+                                       f"{int((multiples[gap] - 1).sum())} in {int(gap.sum())} gap(s) in all: "
+                                       "--fill-gaps linear fills them")
+        raise GapError(f"irregular sampling ({gaps[worst]:g} s after the previous row; most rows are {row_s:g} s "
+                       f"apart){hint}", worst + 1)
+    longest = int(multiples.argmax())
+    if multiples[longest] - 1 > max_gap_rows:
+        raise GapError(f"{int(multiples[longest]) - 1} rows missing before this one ({gaps[longest]:g} s "
+                       f"after the previous row); at most {max_gap_rows} in a row are filled", longest + 1)
+    index = np.concatenate(([0], np.cumsum(multiples).astype(np.int64)))  # each recorded row's place on the grid
+    values = np.interp(np.arange(index[-1] + 1), index, rates)
+    return values, int(index[-1] + 1 - len(rates))
 
 
 def _synthetic(name: str, hours: float) -> np.ndarray:
@@ -297,20 +348,23 @@ def _trace(series: Series, rates: np.ndarray, window_s: float, rows: int, row_re
     how = "in real time" if compression <= 1 + EPSILON else (
         f"{compression:g}x compressed (one {series.row_s:g}-s row = {row_replay_s:g} s)")
     what = f"{series.source}: first {covered:g} h, {how}, scaled to a {scaling} of {rate:g} rec/s"
+    if series.filled:
+        what += f" ({series.filled} missing rows filled linearly)"
     return Trace(series.name, rates, window_s, what, series.sha256, compression)
 
 
-def resolve(name_or_path: str, hours: float = 6.0) -> Series:
-    """A built-in trace by name, or a user's `seconds,rate` file by path."""
+def resolve(name_or_path: str, hours: float = 6.0, fill: GapFill | None = None) -> Series:
+    """A built-in trace by name, or a user's `seconds,rate` file by path (`fill`: see `read_trace_file`)."""
     if name_or_path in TRACE_NAMES:
         return builtin_series(name_or_path, hours)
     if Path(name_or_path).suffix or Path(name_or_path).exists():
-        return read_trace_file(name_or_path)
+        return read_trace_file(name_or_path, fill)
     raise TraceError(f"unknown trace {name_or_path!r}; built-in: {', '.join(TRACE_NAMES)} (or pass a file)")
 
 
 def load_trace(name: str, hours: float = 6.0, peak: float = 1400.0, window_s: float = 10.0,
-               regime: Regime = "compressed", seed: int = 0, scaling: Scaling = "peak") -> Trace:
-    """A built-in trace or a file, replayed (see `replay`)."""
-    return replay(resolve(name, hours), hours=hours, rate=peak, scaling=scaling, regime=regime,
+               regime: Regime = "compressed", seed: int = 0, scaling: Scaling = "peak",
+               fill: GapFill | None = None) -> Trace:
+    """A built-in trace or a file (`fill`: its missing rows, see `read_trace_file`), replayed (see `replay`)."""
+    return replay(resolve(name, hours, fill), hours=hours, rate=peak, scaling=scaling, regime=regime,
                   window_s=window_s, seed=seed)
