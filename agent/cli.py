@@ -304,11 +304,13 @@ def status() -> None:
 def watch(
     seconds: Annotated[float, typer.Option(help="Stop after this long (0 = until Ctrl-C).")] = 0,
     all_decisions: Annotated[bool, typer.Option(help="Also show decisions whose action is none.")] = False,
+    json_lines: Annotated[bool, typer.Option("--json", help="One message a line, as published.")] = False,
+    from_beginning: Annotated[bool, typer.Option(help="Start at the oldest message the topics keep.")] = False,
 ) -> None:
-    """Print decisions and scaling events as they are published."""
+    """Print decisions and scaling events as they are published, each once (repeats dropped by id)."""
     from agent.watch import watch_topics
 
-    watch_topics(get_settings(), seconds, all_decisions, console)
+    watch_topics(get_settings(), seconds, all_decisions, console, as_json=json_lines, from_beginning=from_beginning)
 
 
 @app.command()

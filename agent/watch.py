@@ -1,9 +1,11 @@
-"""Follow the decisions and scaling-events topics and print them as they arrive."""
+"""Follow the decisions and scaling-events topics and print them as they arrive, each once.
+
+Decisions and events are published at least once (a worker's crash can publish one again, same id);
+`infra.subscribe.Subscriber` drops the repeats by `decision_id` and `event_id`."""
 
 from __future__ import annotations
 
 import datetime as dt
-import time
 import uuid
 
 from confluent_kafka import Consumer
@@ -12,9 +14,11 @@ from rich.console import Console
 from contracts.messages import ScalingDecision, ScalingEvent
 from contracts.settings import Settings
 from infra.kafka import group_consumer_config
+from infra.subscribe import Subscriber
 
 
 def consumer(settings: Settings, topics: list[str], group: str | None = None) -> Consumer:
+    """A raw consumer of `topics` from their newest messages (the demo's, which also reads analyses)."""
     c = Consumer(group_consumer_config(
         settings, group or f"autoscaler-watch-{uuid.uuid4().hex[:8]}", "latest"
     ))
@@ -40,21 +44,20 @@ def describe_event(e: ScalingEvent) -> str:
     return f"{when} [bold]{e.job_id}[/bold] rescale {e.type.value}: {e.from_parallelism} -> {e.to_parallelism}{extra}"
 
 
-def watch_topics(settings: Settings, seconds: float, all_decisions: bool, console: Console) -> None:
-    c = consumer(settings, [settings.topics.decisions, settings.topics.scaling_events])
-    deadline = time.monotonic() + seconds if seconds else float("inf")
-    try:
-        while time.monotonic() < deadline:
-            msg = c.poll(0.5)
-            if msg is None or msg.error():
-                continue
-            if msg.topic() == settings.topics.decisions:
-                decision = ScalingDecision.model_validate_json(msg.value())
-                if all_decisions or decision.action.value != "none":
-                    console.print(describe_decision(decision))
-            else:
-                console.print(describe_event(ScalingEvent.model_validate_json(msg.value())))
-    except KeyboardInterrupt:
-        pass
-    finally:
-        c.close()
+def watch_topics(settings: Settings, seconds: float, all_decisions: bool, console: Console, *,
+                 as_json: bool = False, from_beginning: bool = False) -> None:
+    """Print each decision (`all_decisions`: also those whose action is none) and event once, for
+    `seconds` (0: until Ctrl-C); `as_json`: one message a line, as published."""
+    with Subscriber(settings, from_beginning=from_beginning) as subscriber:
+        try:
+            for message in subscriber.messages(seconds):
+                if isinstance(message, ScalingDecision) and not all_decisions and message.action.value == "none":
+                    continue
+                if as_json:
+                    console.print(message.model_dump_json(), markup=False, highlight=False, soft_wrap=True)
+                elif isinstance(message, ScalingDecision):
+                    console.print(describe_decision(message))
+                else:
+                    console.print(describe_event(message))
+        except KeyboardInterrupt:
+            pass
