@@ -297,10 +297,14 @@ class DecisionReason(Contract):
 
 
 class ScalingDecision(Contract):
-    """Plan's verdict for one window. Topic `autoscaler.decisions`, key = job id."""
+    """Plan's verdict for one window. Topic `autoscaler.decisions`, key = job id. Published at least
+    once: a plan worker that dies after committing a decision publishes it again on redelivery, the
+    same message with the same `decision_id` (`infra.subscribe` and `autoscaler watch` drop repeats)."""
 
     schema_version: Literal[1] = 1
-    decision_id: str = Field(default_factory=new_id, description="Unique; the idempotency key of execution.")
+    decision_id: str = Field(
+        default_factory=new_id,
+        description="Unique per window; the idempotency key of execution, and of subscribers: a repeat has the same.")
     job_id: JobId
     timestamp: float = Field(default_factory=time.time)
     window_end: float
@@ -398,7 +402,9 @@ class EventType(StrEnum):
 
 
 class ScalingEvent(Contract):
-    """The lifecycle of one decision. Topic `autoscaler.scaling-events`, key = job id."""
+    """The lifecycle of one decision. Topic `autoscaler.scaling-events`, key = job id. Published at
+    least once: after a crash execute may publish an event again, with the same `event_id`
+    (`infra.subscribe` and `autoscaler watch` drop repeats)."""
 
     schema_version: Literal[1] = 1
     event_id: str = Field(
@@ -407,7 +413,12 @@ class ScalingEvent(Contract):
     )
     decision_id: str
     job_id: JobId
-    type: EventType
+    type: EventType = Field(description=(
+        "`started`, then `completed` or `failed`: a rescale of an `auto` decision; `skipped`: superseded by "
+        "a rescale in flight; `notice`: a finding of plan; `recovered`: the job back to normal after a rescale "
+        "this autoscaler executed, carried by the decision of the window that saw it. A parallelism change "
+        "it did not make (a `recommend` job, where nothing is executed; an operator's restart) gets no "
+        "`recovered` event."))
     timestamp: float = Field(default_factory=time.time)
     from_parallelism: Parallelism
     to_parallelism: Parallelism
