@@ -7,8 +7,9 @@ repeat is a byte-for-byte copy, so dropping it loses nothing.
 
 `Once` drops the repeats: it remembers the last `memory` ids of each kind (decisions by
 `decision_id`, events by `event_id`) and passes a message only the first time its id is seen. A repeat
-comes within a minute of the first copy (the uncommitted batch, the session timeout, the takeover):
-the default memory, 65,536 ids per kind, holds a minute of decisions of 10,000 jobs at a 10-s window.
+comes when another worker takes over the dead one's partitions (after the consumer session timeout) or
+the worker is started again; the default memory, 65,536 ids per kind, is 10.9 minutes of decisions of
+1,000 jobs at a 10-s window.
 The memory lives as long as the subscriber: one that restarts and reads again from an earlier point
 sees again what it saw before; a consumer that must survive its own restarts keeps the ids it handled
 (or makes what it does idempotent by them).

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -63,3 +66,8 @@ def test_decisions_and_events_are_told_apart_even_with_equal_ids() -> None:
     e = ScalingEvent(event_id=d.decision_id, decision_id=d.decision_id, job_id="job", type=EventType.NOTICE,
                      from_parallelism=2, to_parallelism=2)
     assert once.first(d) and once.first(e)
+
+
+def test_the_subscriber_needs_no_faust() -> None:
+    code = "import sys, infra.subscribe; assert 'faust' not in sys.modules, 'imports faust'"
+    subprocess.run([sys.executable, "-c", code], check=True)
