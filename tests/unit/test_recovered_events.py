@@ -25,15 +25,12 @@ def codes(state: PlanState, mode: str) -> list[str]:
     return [n.code for n in plan.notices]
 
 
-def test_a_recovery_from_a_rescale_execute_carried_out_is_reported() -> None:
+def test_a_recovered_notice_only_after_a_rescale_execute_carried_out() -> None:
     # Execute recorded the end of the rescale to 4 slots (281 s), after the job stopped (264 s).
     executed = PlanState().after_rescale(4, 281.0, 17.0, "up")
     assert "recovered" in codes(executed, "auto")
     # Also when the job was switched to recommend mode since: the rescale did run.
     assert "recovered" in codes(executed, "recommend")
-
-
-def test_no_recovered_notice_for_a_parallelism_change_the_autoscaler_did_not_make() -> None:
     # Recommend mode: nothing was executed, so execute recorded no rescale.
     assert "recovered" not in codes(PlanState(), "recommend")
     # An operator's restart at 264 s, after the autoscaler's last rescale (to 4 slots, ended at 200 s).
