@@ -1,5 +1,6 @@
 """The proactive path against a real broker and Redis: what analyze learns survives its worker, and
-the daedalus policy decides from forecasts and reports recoveries as events."""
+the daedalus policy decides from forecasts; analyze times a recovery, which is no `recovered` event
+when the autoscaler did not make the rescale."""
 
 from __future__ import annotations
 
@@ -129,7 +130,7 @@ def reports(job: str, i: int, parallelism: int, rate: float, throughput: float, 
     )
 
 
-def test_daedalus_decides_from_the_forecast_and_publishes_the_observed_recovery(
+def test_daedalus_decides_from_the_forecast_and_a_rescale_it_did_not_make_gets_no_recovered_event(
     settings: Settings, tmp_path: Path
 ) -> None:
     job = "rising"
@@ -138,6 +139,7 @@ def test_daedalus_decides_from_the_forecast_and_publishes_the_observed_recovery(
              stabilization_windows="0", max_parallelism="16", checkpoint_interval_s="0")
     decisions = Collector(settings, settings.topics.decisions)
     events = Collector(settings, settings.topics.scaling_events)
+    analyses = Collector(settings, settings.topics.analyses)
     worker = start_agents(settings, tmp_path / "agents.log")
     try:
         stream: list[MetricReport] = []
@@ -151,22 +153,29 @@ def test_daedalus_decides_from_the_forecast_and_publishes_the_observed_recovery(
             stream.append(reports(job, i, 4, 540.0, throughput, backlog))
         stream.append(reports(job, 40, 4, 540.0, 540.0, 40))  # closes the last window
         send(settings, settings.topics.metrics, [(job.encode(), r.to_bytes()) for r in stream])
-        recovered = events.until(ScalingEvent.model_validate_json,
-                                 lambda xs: any(e.type is EventType.RECOVERED for e in xs), timeout=180)
-        decisions.poll(2)
+        timed = analyses.until(Analysis.model_validate_json, lambda xs: any(a.recovery for a in xs), timeout=180)
+        seen = next(a for a in timed if a.recovery is not None)
+        # The decision of the window that saw the recovery, and execute's events for it.
+        decisions.until(ScalingDecision.model_validate_json,
+                        lambda xs: any(d.window_end == seen.window_end for d in xs), timeout=60)
+        events.poll(3)
     finally:
         worker.stop()
         decisions.close()
         events.close()
+        analyses.close()
     made = [ScalingDecision.model_validate_json(v) for _, v, _ in decisions.records]
     made = [d for d in made if d.job_id == job]
     by_policy = [d for d in made if d.reason.rule == "daedalus"]
     assert by_policy, [d.reason.message for d in made]
     rising = [d for d in by_policy if T0 + STEP * 20 < d.window_end <= T0 + STEP * 26]
     assert any(d.action.value == "scale_up" for d in rising), [(d.window_end, d.reason.message) for d in made]
-    event = next(e for e in recovered if e.type is EventType.RECOVERED)
-    assert (event.from_parallelism, event.to_parallelism) == (2, 4)
+    recovery = seen.recovery
+    assert recovery is not None and (recovery.from_parallelism, recovery.to_parallelism) == (2, 4)
     # Stopped after the window ending at i = 26. The backlog came within 10 s of arrivals (5,400) between
     # the windows ending at i = 31 (12,000) and i = 32 (4,000): 6,600 of their 8,000 records' fall in.
-    assert event.numbers["observed_s"] == pytest.approx(STEP * (31 + 6_600 / 8_000 - 26))
-    assert "predicted_s" in event.numbers and "error_s" in event.numbers
+    assert recovery.observed_s == pytest.approx(STEP * (31 + 6_600 / 8_000 - 26))
+    # Recommend mode: nothing was executed, so the job's return to normal is no recovery from a rescale
+    # of the autoscaler's.
+    published = [ScalingEvent.model_validate_json(v) for _, v, _ in events.records]
+    assert [e for e in published if e.type is EventType.RECOVERED] == []
