@@ -87,7 +87,8 @@ class ExecuteAgent:
             return
         for notice in decision.notices:
             # Findings of plan (an ineffective scale-up, the quota binding) reach subscribers as events.
-            # A recovery observed after a rescale is an event of its own, with its numbers.
+            # A recovery observed after a rescale is an event of its own, with its numbers; plan attaches
+            # one only after a rescale this stage carried out (none in recommend mode).
             recovered = notice.code == "recovered"
             await self.emit(ScalingEvent(
                 event_id=event_id(decision.decision_id, "notice", notice.code),
