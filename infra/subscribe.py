@@ -1,18 +1,17 @@
 """Subscribe to decisions and scaling events, each once. Needs confluent-kafka, not Faust.
 
-The autoscaler publishes at least once: a worker that dies after committing a decision and before
-its Kafka offset is committed publishes the same decision again when the window is redelivered, with
-the same `decision_id`; execute publishes an event again after a crash with the same `event_id`. A
-repeat is a byte-for-byte copy, so dropping it loses nothing.
+The autoscaler publishes at least once: when a plan worker dies after committing a decision and
+before its Kafka offset is committed, the worker that gets the window again publishes the committed
+decision again, byte for byte (same `decision_id`); execute publishes an event again after a crash
+with the same `event_id` (only its `timestamp` may differ). Dropping a repeat loses nothing.
 
 `Once` drops the repeats: it remembers the last `memory` ids of each kind (decisions by
 `decision_id`, events by `event_id`) and passes a message only the first time its id is seen. A repeat
 comes when another worker takes over the dead one's partitions (after the consumer session timeout) or
 the worker is started again; the default memory, 65,536 ids per kind, is 10.9 minutes of decisions of
-1,000 jobs at a 10-s window.
-The memory lives as long as the subscriber: one that restarts and reads again from an earlier point
-sees again what it saw before; a consumer that must survive its own restarts keeps the ids it handled
-(or makes what it does idempotent by them).
+1,000 jobs at a 10-s window. The memory lives as long as the subscriber: one that restarts and reads
+again from an earlier point sees again what it saw before; a consumer that must survive its own
+restarts keeps the ids it handled (or makes what it does idempotent by them).
 
     from infra.subscribe import Subscriber
     with Subscriber(settings) as subscriber:
