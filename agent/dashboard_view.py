@@ -21,7 +21,7 @@ from plan.policies.default import FORECAST_MAX_OFFSET, CostPlanner, PlannerMemor
 # A job whose last analysis is older than this many windows (and at least a minute) is stale.
 STALE_WINDOWS = 3
 # The forecast drawn ahead of the last window: at least this long, else half the history's span.
-FORECAST_SHOWN_MIN_S = 300.0
+FORECAST_SHOWN_MIN_S = 120.0
 # The rates chart's y axis: up to this much above the largest measured rate (arrivals, processed,
 # capacity); a forecast above it is clipped at the top edge, not allowed to squeeze the measured series.
 RATES_HEADROOM = 1.1
@@ -124,7 +124,7 @@ def _points_until(points: list[float], start: float, step: float, until: float) 
 def _forecast(analyses: list[dict[str, Any]], trust: ForecastTrust | None
               ) -> tuple[dict[str, dict[float, float]], str | None]:
     """The newest forecast, ahead of its window (at most half the history's span ahead of the last window,
-    and at least a few minutes, so the history stays readable beside it), as the planner uses it:
+    and at least two minutes, so the history stays readable beside it), as the planner uses it:
     `forecast` and `forecast_upper` (capped at the trusted band) when it plans with it, else the point
     forecast alone as `forecast_untrusted`; and a note saying which and why."""
     shown: dict[str, dict[float, float]] = {"forecast": {}, "forecast_upper": {}, "forecast_untrusted": {}}
