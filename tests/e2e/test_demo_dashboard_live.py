@@ -79,7 +79,7 @@ def test_the_demo_on_its_dashboard(settings: Settings, tmp_path: Path, monkeypat
             # The y axis is on the measured rates; whatever the forecast does beyond them is clipped.
             assert rates["min"] == 0 and rates["max"] == pytest.approx(1.1 * max(measured)), rates
             assert shown["ratesRange"] == [0, pytest.approx(1.1 * max(measured))]
-            assert HIGH * 0.8 < max(measured) < HIGH * 3, measured
+            assert max(measured) > HIGH * 0.8, measured  # the step is on the chart
             # Right after the drop the level has shifted: the planner's forecast has not earned trust again.
             assert shown["series"]["forecast_untrusted"] > 0 and shown["series"]["forecast"] == 0, shown["series"]
             assert "not trusted" in driver.find_element("css selector", ".forecast-note").text

@@ -1,6 +1,7 @@
 """The dashboard in a real browser: real broker, Redis and agents, `autoscaler dashboard`, headless Chromium.
 
-The charts must draw what the agents hold in Redis, a new decision must appear without a reload, the
+The charts must draw what the agents hold in Redis on time axes that span its windows (in seconds, one
+recovery point too) and a rates axis on the measured rates, a new decision must appear without a reload, the
 job list must load in under a second with 1,000 registered jobs, an unknown job must get a 404 page
 with the jobs, and an agent the dashboard cannot reach must show as unreachable."""
 
@@ -126,6 +127,24 @@ def test_dashboard_draws_what_the_agents_hold_and_updates_live(
             assert shown["last"]["backlog"] == analyses[0]["backlog"]
             assert shown["last"]["parallelism"] == analyses[0]["parallelism"]
             assert shown["series"]["backlog"] == shown["series"]["target"] == len(analyses)
+            # Every time axis is in seconds and spans the job's windows (the rates chart's, the forecast too),
+            # the recovery chart's also with a single point in it (one rescale).
+            windows = sorted(a["window_end"] for a in analyses)
+            driver.execute_script("""  // uPlot rescales after the script (a microtask): read the scales in the next
+                const c = window.dashboardCharts;
+                c.recovery.setData([[c.parallelism.data[0][3]], [25], [null]]);""")
+            spans = driver.execute_script("""
+                const c = window.dashboardCharts, spans = {};
+                for (const key in c) spans[key] = [c[key].scales.x.min, c[key].scales.x.max];
+                spans.forecastEnd = c.rates.data[0].at(-1);
+                return spans;""")
+            ahead = spans.pop("forecastEnd")  # the rates chart's forecast, drawn ahead of the last window
+            assert windows[-1] <= ahead <= windows[-1] + 600
+            assert spans == {"rates": [windows[0], ahead], **{key: [windows[0], windows[-1]]
+                                                                for key in ("parallelism", "backlog", "recovery")}}
+            assert shown["ratesRange"][1] == pytest.approx(1.1 * max(
+                max(a["arrival_rate"], a["observed_processing_rate"], (a.get("capacity") or {}).get("current") or 0)
+                for a in analyses))
             newest = with_knowledge(settings, lambda k: k.decisions(JOB, 1))[0]
             assert shown["lastDecision"]["t"] == newest["window_end"]
             assert shown["markers"] >= 1  # the saturated job's scale-ups (recommended) are marked
@@ -153,7 +172,7 @@ def test_dashboard_draws_what_the_agents_hold_and_updates_live(
             wait_page(driver, lambda: (state(driver).get("lastDecision") or {}).get("t") == latest["window_end"], 10,
                        message="the newest decision on the page")
             driver.execute_script("window.scrollTo(0, 0)")
-            screenshot(driver, tmp_path, "dashboard-job.png")
+            screenshot(driver, tmp_path, "dashboard-saturated-job.png")  # the README's is the demo's (tests/e2e)
 
             # An unknown job: a 404 page that lists the jobs.
             driver.get(f"{dashboard.url}/jobs/no-such-job")
