@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import faust
+from aiohttp import web as aiohttp_web
 from aiokafka.errors import KafkaError
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -24,6 +26,7 @@ from execute.agent import ExecuteAgent
 from infra.kafka import TopicKeeper
 from infra.resilience import until_done
 from infra.security import faust_credentials, redact
+from infra.webauth import UNAUTHORIZED, bearer_matches, web_token
 from knowledge import Knowledge, RedisKnowledge
 from monitor.agent import MonitorAgent
 from plan.agent import PlanAgent
@@ -50,8 +53,9 @@ MAX_POLL_RECORDS = 500
 TOPIC_CHECK_S = 2.0
 
 
-def _transport_with_fetch_wait(fetch_max_wait_ms: int) -> type[faust_aiokafka.Transport]:
-    """Faust's aiokafka transport, but its worker consumer uses `fetch_max_wait_ms`."""
+def _transport_with_fetch_wait(fetch_max_wait_ms: int, readiness: Readiness) -> type[faust_aiokafka.Transport]:
+    """Faust's aiokafka transport, but its worker consumer uses `fetch_max_wait_ms` and tells
+    `readiness` of each fetch."""
 
     class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         def _create_worker_consumer(self, transport: faust_aiokafka.Transport) -> Any:
@@ -68,6 +72,12 @@ def _transport_with_fetch_wait(fetch_max_wait_ms: int) -> type[faust_aiokafka.Tr
         async def perform_seek(self) -> None:
             await super().perform_seek()
             await rewind_lost_partitions(self)
+
+        async def _getmany(self, active_partitions: Any, timeout: float) -> Any:
+            began = time.monotonic()
+            records = await super()._getmany(active_partitions, timeout)
+            readiness.fetched(began)
+            return records
 
     class Transport(faust_aiokafka.Transport):
         Consumer = WorkerConsumer
@@ -103,12 +113,44 @@ async def rewind_lost_partitions(consumer: Any) -> None:
 
 
 @dataclass
+class Readiness:
+    """Whether a worker takes part in its consumer group: it has had an assignment and, if that
+    assignment holds partitions, has fetched from them once since (their positions are then known).
+
+    An empty assignment is complete at once: a group may have more workers than partitions. Once
+    ready, a worker stays ready through later rebalances; only Redis turns /ready back to 503."""
+
+    assigned_at: float | None = None
+    partitions: int = 0
+    fetched_at: float | None = None
+
+    def assigned(self, partitions: int, at: float | None = None) -> None:
+        self.partitions = partitions
+        if self.assigned_at is None:
+            self.assigned_at = time.monotonic() if at is None else at
+
+    def fetched(self, began: float) -> None:
+        """A fetch that began at `began` (monotonic) returned, with records or without."""
+        if self.fetched_at is None and self.assigned_at is not None and began >= self.assigned_at:
+            self.fetched_at = time.monotonic()
+
+    def waiting_for(self) -> str | None:
+        """What the worker still waits for before it is ready; None once it is."""
+        if self.assigned_at is None:
+            return "partition assignment"
+        if self.fetched_at is None and self.partitions:
+            return "the first fetch"
+        return None
+
+
+@dataclass
 class Runtime:
     """One worker: the Faust app, its settings and knowledge, the stages it runs and their topics."""
 
     app: faust.App
     settings: Settings
     knowledge: Knowledge
+    readiness: Readiness = field(default_factory=Readiness)
     stages: list[Stage] = field(default_factory=list)
     topics: dict[str, faust.TopicT] = field(default_factory=dict)
 
@@ -214,14 +256,20 @@ def create_app(settings: Settings, stages: Iterable[str] = STAGES) -> tuple[faus
         broker_request_timeout=max(40.0, settings.broker_session_timeout_s + 5),
         producer_linger=0.0,
         web_port=settings.web_port,
-        web_host="0.0.0.0",
+        web_bind=settings.web_host,  # the address it listens on (Faust's web_host only names it in URLs)
+        web_host=settings.web_host,
         web_in_thread=False,
         topic_disable_leader=True,
         table_cleanup_interval=3600.0,
     )
+    readiness = Readiness()
     # Replaces the transport Faust would build from the broker URL (same class, shorter fetch wait).
-    app.transport = _transport_with_fetch_wait(settings.broker_fetch_max_wait_ms)(app.conf.broker_consumer, app)
-    runtime = Runtime(app=app, settings=settings, knowledge=RedisKnowledge(settings))
+    app.transport = _transport_with_fetch_wait(settings.broker_fetch_max_wait_ms, readiness)(
+        app.conf.broker_consumer, app)
+    runtime = Runtime(app=app, settings=settings, knowledge=RedisKnowledge(settings), readiness=readiness)
+    token = web_token(settings)
+    if token:
+        app.web.web_app.middlewares.append(_require_token(token))
 
     @app.page("/metrics")
     async def metrics_page(self: object, request: object) -> object:
@@ -230,13 +278,18 @@ def create_app(settings: Settings, stages: Iterable[str] = STAGES) -> tuple[faus
 
     @app.page("/ready")
     async def ready_page(self: object, request: object) -> object:
+        """200 once Redis answers and the worker has its partitions and has fetched (`Readiness`)."""
         try:
             await runtime.knowledge.ping()
         except Exception as exc:  # any Redis failure means degraded
-            # Redacted: the page is unauthenticated and an error may quote a URL with its password.
+            # Redacted: the page may be unauthenticated and an error may quote a URL with its password.
             error = redact(str(exc), settings)
             return app.web.json({"ready": False, "status": "degraded", "error": error}, status=503)
-        return app.web.json({"ready": True, "status": "ok", "stages": chosen})
+        waiting = readiness.waiting_for()
+        if waiting is not None:
+            return app.web.json({"ready": False, "status": "starting", "waiting_for": waiting, "stages": chosen},
+                                status=503)
+        return app.web.json({"ready": True, "status": "ok", "stages": chosen, "partitions": readiness.partitions})
 
     keeper = TopicKeeper(settings)
 
@@ -249,6 +302,10 @@ def create_app(settings: Settings, stages: Iterable[str] = STAGES) -> tuple[faus
             return
         if created:
             log.warning("recreated missing topics (the broker lost them): %s", ", ".join(sorted(created)))
+
+    @app.on_partitions_assigned.connect
+    async def note_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
+        readiness.assigned(len(assigned))
 
     @app.on_partitions_revoked.connect
     async def forget_cached(sender: Any, revoked: Any, **kwargs: Any) -> None:
@@ -263,3 +320,17 @@ def create_app(settings: Settings, stages: Iterable[str] = STAGES) -> tuple[faus
     for name in chosen:
         runtime.run_stage(STAGE_AGENTS[name](settings, runtime.knowledge, runtime.publish))
     return app, runtime
+
+
+def _require_token(token: str) -> Any:
+    """aiohttp middleware: every page of the worker (ours and Faust's own) wants the bearer token."""
+
+    @aiohttp_web.middleware
+    async def check(request: aiohttp_web.Request, handler: Any) -> aiohttp_web.StreamResponse:
+        if not bearer_matches(request.headers.get("Authorization"), token):
+            return aiohttp_web.json_response({"error": UNAUTHORIZED}, status=401,
+                                             headers={"WWW-Authenticate": "Bearer"})
+        response: aiohttp_web.StreamResponse = await handler(request)
+        return response
+
+    return check

@@ -14,18 +14,23 @@ holds every decision the topic carries, and a page opened late sees the history 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import html
 import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Awaitable, Callable
 from functools import cache
 from importlib import resources
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from agent.dashboard_view import forecast_trust, job_series, job_summary, page_of
@@ -33,6 +38,15 @@ from contracts.jobs import JobConfig
 from contracts.settings import Settings
 from infra.security import redact
 from infra.web import uplot_css, uplot_js
+from infra.webauth import (
+    COOKIE,
+    UNAUTHORIZED,
+    bearer_headers,
+    bearer_matches,
+    cookie_matches,
+    session_cookie,
+    web_token,
+)
 from knowledge import Knowledge, RedisKnowledge
 
 PAGE_SIZE = 50
@@ -171,13 +185,15 @@ class Dashboard:
         return JSONResponse({"agents": status})
 
     def _check_agent(self, url: str) -> dict[str, str]:
+        # The agents' pages take the same token as the dashboard (AUTOSCALER_WEB_TOKEN).
+        request = urllib.request.Request(f"{url.rstrip('/')}/ready", headers=bearer_headers(self.settings))
         try:
-            with urllib.request.urlopen(f"{url.rstrip('/')}/ready", timeout=AGENT_TIMEOUT_S) as response:
+            with urllib.request.urlopen(request, timeout=AGENT_TIMEOUT_S) as response:
                 ready = json.loads(response.read())
             return {"url": url, "status": "ok", "detail": ", ".join(ready.get("stages", []))}
-        except urllib.error.HTTPError as exc:  # 503: the agent answers, its knowledge does not
-            return {"url": url, "status": "degraded", "detail": redact(exc.read().decode(errors="replace"),
-                                                                         self.settings)}
+        except urllib.error.HTTPError as exc:  # 503: its knowledge does not answer or it is starting; 401
+            body = exc.read().decode(errors="replace")
+            return {"url": url, "status": "degraded", "detail": redact(f"HTTP {exc.code}: {body}", self.settings)}
         except (OSError, ValueError) as exc:
             return {"url": url, "status": "unreachable", "detail": redact(str(exc), self.settings)}
 
@@ -212,7 +228,35 @@ def create_dashboard(settings: Settings, agents: list[str], knowledge: Knowledge
     ]
     from redis.exceptions import RedisError
 
-    return Starlette(routes=routes, exception_handlers={RedisError: knowledge_down, OSError: knowledge_down})
+    token = web_token(settings)
+    middleware = [Middleware(BaseHTTPMiddleware, dispatch=_token_required(token))] if token else []
+    return Starlette(routes=routes, middleware=middleware,
+                     exception_handlers={RedisError: knowledge_down, OSError: knowledge_down})
+
+
+def _token_required(token: str) -> Callable[[Request, RequestResponseEndpoint], Awaitable[Response]]:
+    """Every page wants the token: `Authorization: Bearer`, or the session cookie a browser gets by
+    opening any page once with `?token=`; it is then sent to the same page without the token."""
+
+    async def dispatch(request: Request, call_next: RequestResponseEndpoint) -> Response:
+        given = request.query_params.get("token")
+        if given is not None and hmac.compare_digest(given.encode(), token.encode()):
+            query = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "token"])
+            response: Response = RedirectResponse(request.url.path + (f"?{query}" if query else ""), status_code=303)
+            response.set_cookie(COOKIE, session_cookie(token), httponly=True, samesite="strict",
+                                secure=request.url.scheme == "https")
+            return response
+        if bearer_matches(request.headers.get("Authorization"), token) or \
+                cookie_matches(request.cookies.get(COOKIE), token):
+            return await call_next(request)
+        headers = {"WWW-Authenticate": "Bearer"}
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": UNAUTHORIZED}, status_code=401, headers=headers)
+        body = (f'<p class="error">{html.escape(UNAUTHORIZED)}; in a browser, open this page once with '
+                "<code>?token=TOKEN</code>.</p>")
+        return HTMLResponse(_page("autoscaler: token required", body), status_code=401, headers=headers)
+
+    return dispatch
 
 
 def serve(settings: Settings, host: str, port: int, agents: list[str]) -> None:

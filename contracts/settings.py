@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
+from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 KafkaSecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -73,6 +74,15 @@ class Settings(BaseSettings):
         50, ge=1, le=1500, description="How long a fetch waits for data; bounds each hop's latency on tansu."
     )
     web_port: int = Field(6066, description="Faust web port; /metrics serves Prometheus metrics.")
+    web_host: str = Field(
+        "127.0.0.1", description="Address the agents' web server listens on; 0.0.0.0 opens it to every interface."
+    )
+    web_token: SecretStr | None = Field(
+        None, description="Bearer token the agents' pages and the dashboard require (none: no authentication)."
+    )
+    web_token_file: str | None = Field(
+        None, description="File holding the bearer token, instead of AUTOSCALER_WEB_TOKEN."
+    )
     log_level: str = "info"
 
     # Kafka security (confluent-kafka and Faust clients). PLAINTEXT, no auth: today's default.
@@ -98,7 +108,9 @@ class Settings(BaseSettings):
         description="module:function job entry points `autoscaler job run` may start (comma-separated or JSON).",
     )
 
-    @field_validator("kafka_sasl_password", "kafka_ssl_key_password", "redis_password", mode="before")
+    _web_token_from_file: SecretStr | None = PrivateAttr(None)
+
+    @field_validator("kafka_sasl_password", "kafka_ssl_key_password", "redis_password", "web_token", mode="before")
     @classmethod
     def _empty_secret_is_unset(cls, value: Any) -> Any:
         # An empty env var means "no secret", not an empty password.
@@ -108,7 +120,8 @@ class Settings(BaseSettings):
 
     @field_validator(
         "kafka_sasl_username", "kafka_ssl_ca_file", "kafka_ssl_cert_file", "kafka_ssl_key_file",
-        "redis_username", "redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file", mode="before",
+        "redis_username", "redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file", "web_token_file",
+        mode="before",
     )
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
@@ -176,7 +189,27 @@ class Settings(BaseSettings):
             raise ValueError("AUTOSCALER_REDIS_TLS needs a redis:// or rediss:// URL, not a unix socket")
         if (self.redis_tls_cert_file is None) != (self.redis_tls_key_file is None):
             raise ValueError("AUTOSCALER_REDIS_TLS_CERT_FILE and AUTOSCALER_REDIS_TLS_KEY_FILE go together")
+        self._web_token_from_file = self._read_web_token_file()
         return self
+
+    def _read_web_token_file(self) -> SecretStr | None:
+        if self.web_token_file is None:
+            return None
+        if self.web_token is not None:
+            raise ValueError("give the web token in AUTOSCALER_WEB_TOKEN or AUTOSCALER_WEB_TOKEN_FILE, not both")
+        try:
+            token = Path(self.web_token_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeError) as exc:
+            raise ValueError(f"AUTOSCALER_WEB_TOKEN_FILE: cannot read {self.web_token_file} ({type(exc).__name__})") \
+                from None
+        if not token:
+            raise ValueError(f"AUTOSCALER_WEB_TOKEN_FILE: {self.web_token_file} is empty")
+        return SecretStr(token)
+
+    @property
+    def web_bearer_token(self) -> SecretStr | None:
+        """The token the web pages require: AUTOSCALER_WEB_TOKEN, or the file's content (read once)."""
+        return self.web_token if self.web_token is not None else self._web_token_from_file
 
     @property
     def redis_uses_tls(self) -> bool:
@@ -196,6 +229,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "AUTOSCALER_TOPIC_PARTITIONS": str(settings.topic_partitions),
         "AUTOSCALER_APP_ID": settings.app_id,
         "AUTOSCALER_WEB_PORT": str(settings.web_port),
+        "AUTOSCALER_WEB_HOST": settings.web_host,
         "AUTOSCALER_LOOP_INTERVAL_S": str(settings.loop_interval_s),
         "AUTOSCALER_LOG_LEVEL": "info",
     }
@@ -215,6 +249,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "REDIS_TLS_CA_FILE": settings.redis_tls_ca_file,
         "REDIS_TLS_CERT_FILE": settings.redis_tls_cert_file,
         "REDIS_TLS_KEY_FILE": settings.redis_tls_key_file,
+        "WEB_TOKEN": settings.web_token,
+        "WEB_TOKEN_FILE": settings.web_token_file,
     }
     if settings.kafka_security_protocol != "PLAINTEXT":
         env["AUTOSCALER_KAFKA_SECURITY_PROTOCOL"] = settings.kafka_security_protocol

@@ -119,7 +119,8 @@ def secret_values(settings: Settings) -> list[str]:
     """Every secret the settings hold, as it could appear in text (URL passwords raw and decoded)."""
     values = [
         secret.get_secret_value()
-        for secret in (settings.kafka_sasl_password, settings.kafka_ssl_key_password, settings.redis_password)
+        for secret in (settings.kafka_sasl_password, settings.kafka_ssl_key_password, settings.redis_password,
+                       settings.web_bearer_token)
         if secret is not None
     ]
     url_password = urlsplit(settings.redis_url).password

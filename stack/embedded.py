@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,27 +103,12 @@ class Stack:
 
         ensure_topics(self.settings)
         if with_agents and not self._alive(state.get("agents")):
+            # Returns once the agents' /ready answers 200: Redis answers, partitions assigned, first fetch done.
             worker = start_agents(self.settings, logs / "agents.log", timeout=timeout)
             state["agents"] = {"pid": worker.process.pid, "port": worker.web_port}
             self._save(state)
-            self.wait_ready(timeout)
             console.print(f"agents ready: /metrics and /ready on port {self.settings.web_port}")
         return state
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        url = f"http://127.0.0.1:{self.settings.web_port}/ready"
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(url, timeout=1) as response:
-                    if json.loads(response.read()).get("ready"):
-                        return
-            except OSError:
-                pass
-            if not self._alive(self._load().get("agents")):
-                raise RuntimeError(f"the agents exited; see {state_dir() / 'logs' / 'agents.log'}")
-            time.sleep(0.3)
-        raise TimeoutError(f"agents not ready after {timeout:.0f} s; see {state_dir() / 'logs' / 'agents.log'}")
 
     @staticmethod
     def _alive(entry: dict[str, Any] | None) -> bool:

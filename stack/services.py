@@ -10,15 +10,22 @@ group and a web port of its own on a shared broker and Redis.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from subprocess import Popen
+from typing import Any
 
 from contracts.settings import Settings, Topics, settings_env
+from infra.security import redact
+from infra.webauth import bearer_headers
 from knowledge import RedisKnowledge
 from stack.processes import free_port, spawn, stop_pid, wait_for_port
 
@@ -90,7 +97,8 @@ def start_agents(
     web_port: int | None = None,
     timeout: float = AGENT_START_TIMEOUT_S,
 ) -> AgentWorker:
-    """An agent worker with `stages` (all four by default), ready when its web port answers.
+    """An agent worker with `stages` (all four by default), returned once its /ready answers 200:
+    Redis answers, the worker has its partitions (maybe none) and has fetched from them.
 
     It runs in the log's folder: Faust writes an `<app id>-data` folder where it runs."""
     port = web_port or int((env or {}).get("AUTOSCALER_WEB_PORT", settings.web_port))
@@ -100,8 +108,62 @@ def start_agents(
     process = spawn("agents", argv, log_path,
                     {**settings_env(settings), **(env or {}), "AUTOSCALER_WEB_PORT": str(port)}, cwd=log_path.parent)
     worker = AgentWorker(process, log_path, port, tuple(stages or ()))
-    _answering(port, timeout, worker.stop, "the agents", log_path)
+    try:
+        wait_ready(port, settings, timeout, worker.alive)
+    except (TimeoutError, RuntimeError) as exc:
+        worker.stop()
+        raise RuntimeError(f"the agents did not get ready: {exc}\n{worker.log()[-3000:]}") from None
     return worker
+
+
+def start_together(starts: list[Callable[[], AgentWorker]]) -> list[AgentWorker]:
+    """Start several workers at once, so their consumer-group joins overlap (one after the other,
+    each waits for the group to rebalance again); all or none: if one fails, the others stop."""
+    with ThreadPoolExecutor(len(starts)) as pool:
+        futures = [pool.submit(start) for start in starts]
+    workers: list[AgentWorker] = []
+    errors: list[BaseException] = []
+    for future in futures:
+        try:
+            workers.append(future.result())
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        for worker in workers:
+            worker.stop()
+        raise errors[0]
+    return workers
+
+
+def readiness(port: int, settings: Settings, timeout: float = 1.0) -> tuple[int, dict[str, Any]]:
+    """An agent worker's /ready on 127.0.0.1:`port`, with the settings' token: (HTTP status, body);
+    (0, the error) when nothing answers."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/ready", headers=bearer_headers(settings))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            return exc.code, json.loads(exc.read())
+        except ValueError:
+            return exc.code, {}
+    except (OSError, ValueError) as exc:
+        return 0, {"error": str(exc)}
+
+
+def wait_ready(port: int, settings: Settings, timeout: float, alive: Callable[[], bool]) -> None:
+    """Wait until the worker's /ready answers 200; RuntimeError if `alive()` turns false first."""
+    deadline = time.monotonic() + timeout
+    status, body = 0, {}
+    while time.monotonic() < deadline:
+        status, body = readiness(port, settings)
+        if status == 200:
+            return
+        if not alive():
+            raise RuntimeError("the worker exited")
+        time.sleep(0.1)
+    answer = f"{status or 'no answer'} {redact(json.dumps(body), settings)}"
+    raise TimeoutError(f"not ready after {timeout:.0f} s; /ready: {answer}")
 
 
 def _answering(port: int, timeout: float, stop: Callable[[], None], what: str, log_path: Path) -> None:

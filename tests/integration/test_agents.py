@@ -138,15 +138,16 @@ def test_bad_input_is_dead_lettered_with_a_reason_and_the_agents_keep_running(
 
 
 def test_each_stage_in_its_own_process_with_two_monitor_workers(settings: Settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from stack.processes import free_port
-    from stack.services import start_agents
+    from functools import partial
 
-    workers = []
+    from stack.processes import free_port
+    from stack.services import start_agents, start_together
+
+    # Together: each returns once ready (its partitions assigned), and their group joins overlap.
+    workers = start_together([partial(start_agents, settings, tmp_path / f"{stage}-{i}.log", [stage],
+                                      web_port=free_port())
+                              for i, stage in enumerate(("monitor", "monitor", "analyze", "plan", "execute"))])
     try:
-        for stage in ("monitor", "monitor", "analyze", "plan", "execute"):
-            port = free_port()
-            workers.append(start_agents(settings, tmp_path / f"{stage}-{port}.log", [stage],
-                                        env={"AUTOSCALER_WEB_PORT": str(port)}))
         jobs = [f"job-{i}" for i in range(8)]
         for job in jobs:
             register(settings, job, policy="reactive", per_operator="true", target_utilization="1.0",

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from contracts.settings import Settings
 from stack.processes import free_port
-from stack.services import start_agents
+from stack.services import start_agents, start_together
 from tests.conftest import wait_until
 from tests.reliability.helpers import EAGER, Ledger, ReportStream, audit, missing_decisions, register
 
@@ -25,8 +26,9 @@ def test_a_killed_worker_loses_no_decision_and_executes_none_twice(settings: Set
     # No job runner answers, so each rescale fails after 3 s and plan asks again: many executions.
     env = {"AUTOSCALER_RESCALE_TIMEOUT_S": "3"}
     ports = [free_port(), free_port()]
-    workers = [start_agents(settings, tmp_path / f"worker-{port}.log", env={"AUTOSCALER_WEB_PORT": str(port), **env})
-               for port in ports]
+    # Together: each returns once ready (its partitions assigned), and their group joins overlap.
+    workers = start_together([partial(start_agents, settings, tmp_path / f"worker-{port}.log",
+                                      env={"AUTOSCALER_WEB_PORT": str(port), **env}) for port in ports])
     ledger = Ledger(settings)
     try:
         with ReportStream(settings, jobs, speedup=10.0) as stream:
