@@ -19,7 +19,8 @@ Model, per step k of `step_s` seconds (a rescale starts at the step's start):
   checked at a restart's end and at the step's end). The weight is large: the target is a constraint
   that is broken only when no schedule keeps it.
 - The backlog is carried as state: per (step, parallelism, backlog bucket) the DP keeps the path
-  with the least cost plus the work its backlog still needs (see `solve`).
+  with the least cost plus the work its backlog still needs (see `solve`), and beside it a runner-up
+  that starts elsewhere: the plan's next best is the cheapest runner-up (`solve_with_next`).
 - Rates are upper quantiles and capacities lower quantiles (the caller's), so the schedule keeps
   the target when the load runs high and the job runs slow.
 
@@ -103,15 +104,38 @@ def _transitions(problem: PlanProblem) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 def solve(problem: PlanProblem, forbid_first: int | None = None, force_first: int | None = None) -> Schedule:
     """The least-cost schedule over the horizon (see the module docstring). `forbid_first` excludes
-    one parallelism from the first step (the next-best alternative to a chosen plan); `force_first`
-    allows only that one (what keeping an earlier choice would cost).
+    one parallelism from the first step; `force_first` allows only that one (what keeping an earlier
+    choice would cost).
 
     Per (step, parallelism) the DP keeps one path per backlog bucket (the backlog as a fraction of the
     step's target, in `BUCKETS` equal parts, the last holding everything beyond): the cheapest by cost
     plus the work its backlog needs. A cheap path with a high backlog and a dearer one with a low backlog
     both survive, so a path that must later drain is not lost to one that only looks cheaper."""
+    return _searched(problem, forbid_first, force_first, runner_ups=False)[0]
+
+
+def solve_with_next(problem: PlanProblem) -> tuple[Schedule, Schedule | None]:
+    """The plan (`solve`'s) and the next best: the plan's runner-up, the cheapest schedule starting
+    elsewhere among the paths its search kept beside the best ones (None when only one first step is
+    allowed). A runner-up ranks below the best path of its bucket, so the next best never costs less than
+    the plan, and it is found in the same search, on the same rates and costs.
+
+    The search is a heuristic: barred from the plan's first step (`solve(problem, forbid_first=...)`),
+    its buckets hold other paths, and it sometimes finds a schedule cheaper than the plan (a path the
+    plan's search dropped). That search is used only where no runner-up survived (14 of 5,000 small
+    random problems); where it is the cheaper, it is the plan."""
+    chosen, runner_up, choices = _searched(problem, None, None, runner_ups=True)
+    if runner_up is not None or choices < 2:
+        return chosen, runner_up
+    barred = solve(problem, forbid_first=chosen.first)
+    return (barred, chosen) if barred.cost < chosen.cost else (chosen, barred)
+
+
+def _searched(problem: PlanProblem, forbid_first: int | None, force_first: int | None, runner_ups: bool
+              ) -> tuple[Schedule, Schedule | None, int]:
+    """The plan, its runner-up (None where none was kept or searched) and how many first steps were allowed."""
     problem.check()
-    n, steps = problem.max_parallelism, len(problem.rates)
+    n = problem.max_parallelism
     cap = np.asarray(problem.capacity[1:], dtype=float)
     per_record = 1.0 / max(float(cap.max()) / n, EPSILON)  # slot-seconds one record of backlog needs
     down, running, ramp, moved = _transitions(problem)
@@ -126,110 +150,195 @@ def solve(problem: PlanProblem, forbid_first: int | None = None, force_first: in
         np.asarray(problem.rates, dtype=float), float(problem.step_s), float(problem.backlog_target_s), cap,
         down, running, ramp, moved, np.where(moved, problem.replay_records, 0.0),
         np.where(moved, problem.action_penalty_s, 0.0), allowed, first_allowed, float(problem.violation_weight),
-        per_record, start, float(problem.backlog))
+        per_record, start, float(problem.backlog), runner_ups)
     if found is None:
         raise ValueError("no schedule: every parallelism is excluded")
-    cost, backlog, violation, parents, backlogs = found
+    cost, backlog, _, first, _, _ = found
     final_choice = cost + per_record * backlog
-    last = int(np.argmin(final_choice))
-    if not np.isfinite(final_choice[last]):
+    last = int(np.argmin(final_choice[0]))
+    if not np.isfinite(final_choice[0, last]):
         raise ValueError("no schedule: every parallelism is excluded")
+    chosen = _schedule(problem, found, final_choice, 0, last, start)
+    choices = int(np.count_nonzero(first_allowed))
+    other = np.where(first != chosen.first - 1, final_choice, np.inf)
+    label, state = np.unravel_index(int(np.argmin(other)), other.shape)
+    if not np.isfinite(other[label, state]):
+        return chosen, None, choices
+    return chosen, _schedule(problem, found, final_choice, int(label), int(state), start), choices
+
+
+def _schedule(problem: PlanProblem, found: Found, final_choice: np.ndarray, label: int, state: int, start: int
+              ) -> Schedule:
+    """The path that ends in `state` (its best path, label 0, or its runner-up, label 1), walked back."""
+    _, _, violation, _, parents, backlogs = found
+    steps = len(problem.rates)
     path = np.empty(steps, dtype=np.int64)
     levels = np.empty(steps)
-    at = last
+    at, kind = state, label
     for k in range(steps - 1, -1, -1):
         path[k] = at // BUCKETS + 1
-        levels[k] = backlogs[k, at]
-        at = int(parents[k, at])
+        levels[k] = backlogs[k, kind, at]
+        code = int(parents[k, kind, at])
+        at, kind = code // 2, code % 2
     rescales = int(np.count_nonzero(np.diff(np.concatenate(([start], path)))))
-    return Schedule(parallelism=path, backlog=levels, cost=float(final_choice[last]),
-                    slot_seconds=float(path.sum() * problem.step_s), violation_s=float(violation[last]),
+    return Schedule(parallelism=path, backlog=levels, cost=float(final_choice[label, state]),
+                    slot_seconds=float(path.sum() * problem.step_s), violation_s=float(violation[label, state]),
                     rescales=rescales)
 
 
-Found = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+# Per label (0: a state's best path, 1: its runner-up) and state: cost, backlog, violation and first step
+# (an index); per step, label and state: the parent (state x 2 + label) and the backlog.
+Found = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 @njit(cache=True)
 def _search(rates: np.ndarray, dt: float, target_s: float, cap: np.ndarray, down: np.ndarray, running: np.ndarray,
             ramp: np.ndarray, moved: np.ndarray, replay: np.ndarray, penalty: np.ndarray, allowed: np.ndarray,
-            first_allowed: np.ndarray, weight: float, per_record: float, start: int, backlog0: float
-            ) -> Found | None:
+            first_allowed: np.ndarray, weight: float, per_record: float, start: int, backlog0: float,
+            runner_ups: bool) -> Found | None:
     """The DP of `solve`, compiled: per step, every reachable state (parallelism q, backlog bucket) to
     every parallelism p; per (p, bucket) the path with the least cost plus its backlog's work is kept
-    (the first such source on ties), then states with more backlog and no less cost than another at the
-    same p are dropped. State s = (q - 1) * BUCKETS + bucket. None when no state is reachable.
+    (label 0; the first such source on ties), then states with more backlog and no less cost than another
+    at the same p are dropped. State s = (q - 1) * BUCKETS + bucket. None when no state is reachable.
 
-    Compiled with numba: its ~70 small array operations per step cost more in numpy's per-call overhead
-    than in arithmetic. The arithmetic is numpy's, term for term and in its order, so schedules and
-    costs are the same to the last bit (checked on 12,000 random problems against the array version)."""
+    With `runner_ups`, beside it a runner-up (label 1): the least, by the same measure, of the paths into
+    the bucket that start elsewhere than its best path and rank no better, from both paths of every
+    source. Runner-ups never displace a best path, so the best paths are the one-path search's, to the
+    last bit. A runner-up is dropped where kept paths at the same p with less backlog and no more cost
+    start as it does, or start in two different ways (one of them starts elsewhere than any plan).
+
+    Compiled with numba: its small array operations per step cost more in numpy's per-call overhead than
+    in arithmetic. The arithmetic is numpy's, term for term and in its order."""
     n = cap.shape[0]
     states = n * BUCKETS
-    cost = np.full(states, np.inf)
-    cost[(start - 1) * BUCKETS] = 0.0
-    backlog = np.zeros(states)
-    backlog[(start - 1) * BUCKETS] = backlog0
-    violation = np.zeros(states)
+    cost = np.full((2, states), np.inf)
+    cost[0, (start - 1) * BUCKETS] = 0.0
+    backlog = np.zeros((2, states))
+    backlog[0, (start - 1) * BUCKETS] = backlog0
+    violation = np.zeros((2, states))
+    first = np.zeros((2, states), dtype=np.int64)
     steps = rates.shape[0]
-    parents = np.zeros((steps, states), dtype=np.int64)
-    backlogs = np.zeros((steps, states))
-    best_value = np.empty((BUCKETS, n))
-    best_source = np.zeros((BUCKETS, n), dtype=np.int64)
-    best_total = np.empty((BUCKETS, n))
-    best_after = np.empty((BUCKETS, n))
-    best_excess = np.empty((BUCKETS, n))
+    parents = np.zeros((steps, 2, states), dtype=np.int64)
+    backlogs = np.zeros((steps, 2, states))
+    # Per (bucket, p): the best path into it (a, of the best paths' continuations) and the best starting
+    # elsewhere than a (b, of both): value (cost plus backlog's work), first step, source (state x 2 +
+    # label), and `rest`.
+    value = np.empty((2, BUCKETS, n))
+    head = np.zeros((2, BUCKETS, n), dtype=np.int64)
+    code = np.zeros((2, BUCKETS, n), dtype=np.int64)
+    rest = np.zeros((3, 2, BUCKETS, n))  # [cost, backlog, seconds beyond target] per path
+    lowest = np.empty(n)  # per first step: the least cost kept at lower backlog, at one p
     for k in range(steps):
         rate = rates[k]
         limit = target_s * rate
         scale = max(limit, EPSILON)
         per_rate = max(rate, 1.0)
-        live = np.flatnonzero(np.isfinite(cost))
-        if live.shape[0] == 0:
-            return None
         usable = allowed if k > 0 else first_allowed
-        for i in range(live.shape[0]):
-            s = live[i]
-            q = s // BUCKETS
-            for p in range(n):
-                if i > 0 and not usable[p]:
-                    continue  # never chosen; only the first source's values are kept for it (below)
-                d, run, ramped = down[q, p], running[q, p], ramp[q, p]
-                peak = backlog[s] + rate * d + replay[q, p]
-                after = max(peak + rate * run - cap[p] * (run - ramped) - cap[q] * ramped, 0.0)
-                over = (max(peak - limit, 0.0) if moved[q, p] else 0.0) + max(after - limit, 0.0)
-                excess = over / per_rate if over != 0.0 else 0.0  # most paths keep the target
-                total = cost[s] + (p + 1.0) * dt + penalty[q, p] + weight * excess
-                choose = total + per_record * after if usable[p] else np.inf
-                fill = min(np.int64(after / scale * (BUCKETS - 1)), BUCKETS - 1) if after != 0.0 else 0
-                if i == 0:  # where a bucket gets no finite path, it holds the first source's (unused)
-                    for b in range(BUCKETS):
-                        best_value[b, p] = np.inf
-                        best_source[b, p] = 0
-                        best_total[b, p] = total
-                        best_after[b, p] = after
-                        best_excess[b, p] = excess
-                if fill >= 0 and choose < best_value[fill, p]:
-                    best_value[fill, p] = choose
-                    best_source[fill, p] = i
-                    best_total[fill, p] = total
-                    best_after[fill, p] = after
-                    best_excess[fill, p] = excess
-        new_violation = np.empty(states)
+        value[:] = np.inf
+        reachable = False
+        for label in range(2 if runner_ups else 1):
+            for s in np.flatnonzero(np.isfinite(cost[label])):
+                reachable = True
+                q = s // BUCKETS
+                for p in range(n):
+                    if not usable[p]:
+                        continue
+                    d, run, ramped = down[q, p], running[q, p], ramp[q, p]
+                    peak = backlog[label, s] + rate * d + replay[q, p]
+                    after = max(peak + rate * run - cap[p] * (run - ramped) - cap[q] * ramped, 0.0)
+                    over = (max(peak - limit, 0.0) if moved[q, p] else 0.0) + max(after - limit, 0.0)
+                    excess = over / per_rate if over != 0.0 else 0.0  # most paths keep the target
+                    total = cost[label, s] + (p + 1.0) * dt + penalty[q, p] + weight * excess
+                    fill = min(np.int64(after / scale * (BUCKETS - 1)), BUCKETS - 1) if after != 0.0 else 0
+                    # Ranked into (fill, p): the best (a, at 0), and the best starting elsewhere than a (b, at 1);
+                    # a runner-up's continuation (label 1) only as b, below a.
+                    candidate, its_head = total + per_record * after, p if k == 0 else first[label, s]
+                    ranked = np.isfinite(value[0, fill, p])
+                    if label == 1:
+                        if not ranked or its_head == head[0, fill, p] or candidate < value[0, fill, p] \
+                                or candidate >= value[1, fill, p]:
+                            continue
+                        at = 1
+                    elif ranked and its_head == head[0, fill, p]:
+                        if candidate >= value[0, fill, p]:
+                            continue
+                        at = 0
+                    elif candidate < value[0, fill, p]:
+                        value[1, fill, p], head[1, fill, p], code[1, fill, p] = \
+                            value[0, fill, p], head[0, fill, p], code[0, fill, p]
+                        for j in range(3):
+                            rest[j, 1, fill, p] = rest[j, 0, fill, p]
+                        at = 0
+                    elif candidate < value[1, fill, p]:
+                        at = 1
+                    else:
+                        continue
+                    value[at, fill, p], head[at, fill, p], code[at, fill, p] = candidate, its_head, s * 2 + label
+                    rest[0, at, fill, p], rest[1, at, fill, p], rest[2, at, fill, p] = total, after, excess
+        if not reachable:
+            return None
+        new_cost = np.full((2, states), np.inf)
+        new_violation = np.zeros((2, states))
+        new_first = np.zeros((2, states), dtype=np.int64)
         for p in range(n):
             cheapest = np.inf
+            lowest[:] = np.inf
+            two = np.inf  # the least cost at which kept paths at lower backlog start in two ways
+            one, its = np.inf, -1  # the least such cost, and its first step
             for b in range(BUCKETS):
-                value = best_total[b, p] if np.isfinite(best_value[b, p]) else np.inf
-                kept = np.inf if b > 0 and cheapest <= value else value
-                cheapest = min(cheapest, value)
                 state = p * BUCKETS + b
-                source = live[best_source[b, p]]
-                cost[state] = kept
-                backlogs[k, state] = best_after[b, p]
-                new_violation[state] = violation[source] + best_excess[b, p]
-                parents[k, state] = source
+                own = -1
+                if np.isfinite(value[0, b, p]):
+                    total = rest[0, 0, b, p]
+                    if b == 0 or cheapest > total:
+                        own = head[0, b, p]
+                        _keep(new_cost, new_violation, new_first, parents, backlogs, violation, rest, k, 0, state, 0,
+                              b, p, code[0, b, p], own)
+                    cheapest = min(cheapest, total)
+                if not runner_ups:
+                    continue
+                # The runner-up: of a and b, the first that starts elsewhere than the kept best path and that
+                # no kept paths with less backlog and no more cost dominate (see above).
+                for i in range(2):
+                    other = head[i, b, p]
+                    total = rest[0, i, b, p]
+                    if np.isfinite(value[i, b, p]) and other != own and total < lowest[other] and total < two:
+                        _keep(new_cost, new_violation, new_first, parents, backlogs, violation, rest, k, 1, state, i,
+                              b, p, code[i, b, p], other)
+                        lowest[other] = min(lowest[other], total)
+                        one, its, two = _covered(one, its, two, total, other)
+                        break
+                if own >= 0:
+                    lowest[own] = min(lowest[own], new_cost[0, state])
+                    one, its, two = _covered(one, its, two, new_cost[0, state], own)
+        cost = new_cost
         violation = new_violation
+        first = new_first
         backlog = backlogs[k].copy()
-    return cost, backlog, violation, parents, backlogs
+    return cost, backlog, violation, first, parents, backlogs
+
+
+@njit(cache=True, inline='always')
+def _covered(one: float, its: int, two: float, cost: float, head: int) -> tuple[float, int, float]:
+    """With one more kept path (its cost, first step): the least cost and its first step, and the least
+    cost at which kept paths start in two ways."""
+    if head == its:
+        return min(one, cost), its, two
+    if cost < one:
+        return cost, head, min(two, one)
+    return one, its, min(two, cost)
+
+
+@njit(cache=True, inline='always')
+def _keep(cost: np.ndarray, violation_out: np.ndarray, first: np.ndarray, parents: np.ndarray, backlogs: np.ndarray,
+          violation: np.ndarray, rest: np.ndarray, k: int, label: int, state: int, ranked: int, b: int, p: int,
+          source: int, head: int) -> None:
+    """The path ranked `ranked` (a or b) into (b, p), kept as `label` of `state` after step k."""
+    cost[label, state] = rest[0, ranked, b, p]
+    backlogs[k, label, state] = rest[1, ranked, b, p]
+    violation_out[label, state] = violation[source % 2, source // 2] + rest[2, ranked, b, p]
+    first[label, state] = head
+    parents[k, label, state] = source
 
 
 def describe(schedule: Schedule, step_s: float, limit: int = 4) -> str:

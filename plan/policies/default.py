@@ -49,7 +49,7 @@ from contracts.plan_state import PlanState
 from plan.batching import BatchCost
 from plan.capacity_estimate import FIT_MIN_WINDOWS, Measured, SlotStats, capacities, in_waves, planned_capacity
 from plan.controls import bounded_step, heading_beyond_target, partition_units
-from plan.cost_plan import PlanProblem, Schedule, describe, solve
+from plan.cost_plan import PlanProblem, Schedule, describe, solve, solve_with_next
 from plan.forecast_skill import ForecastSkill, note
 from plan.guarded import admit, rescale_updates
 from plan.level import LevelState
@@ -222,24 +222,25 @@ class CostPlanner:
         problem = self.problem(memory, analysis, config, state)
         if problem is None:
             return hold(current, "learning", "no arrival level or capacity measured yet", rule=self.name), {}
-        chosen = solve(problem)
-        kept = memory.recommended
-        if kept is not None and kept not in (chosen.first, current) and 1 <= kept <= problem.max_parallelism:
-            # A recommendation not acted on (recommend mode, a held rescale) changes only when the point
-            # estimates say it no longer keeps the target or costs an action's penalty more than the best:
-            # a Schmitt trigger whose band is the estimates' uncertainty, so noise does not flip it.
-            point = self.problem(memory, analysis, config, state, quantiles=False)
-            if point is not None:
-                keeping, best = solve(point, force_first=kept), solve(point)
-                if keeping.violation_s == 0 and keeping.cost <= best.cost + self.action_penalty_slot_s:
-                    chosen = solve(problem, force_first=kept)
-        alternative = solve(problem, forbid_first=chosen.first) if config.max_parallelism > 1 else None
+        chosen, alternative = solve_with_next(problem)
+        kept = self._kept(memory, analysis, config, state, chosen)
+        extra = 0.0  # what the next best pays beyond its schedule: changing a kept recommendation
+        if kept is not None:
+            (chosen, alternative), extra = kept, self.action_penalty_slot_s
         target = chosen.first
-        numbers = _numbers(chosen, alternative, problem)
-        message = (f"plan {describe(chosen, self.step_s)} over {self.horizon_s / 60:g} min costs "
-                   f"{chosen.cost:,.0f} slot-s" + (
-                       f"; next best ({alternative.first} now) {alternative.cost:,.0f}" if alternative else ""))
-        if chosen.violation_s > 0:
+        numbers = _numbers(chosen, alternative, problem, extra)
+        message = (f"plan {describe(chosen, self.step_s)} over {self.horizon_s / 60:g} min costs {chosen.cost:,.0f} "
+                   "slot-s" + (" on the point estimates" if kept else ""))
+        if alternative is not None:
+            message += f"; next best ({alternative.first} now) {alternative.cost + extra:,.0f}" + (
+                f" ({alternative.cost:,.0f} and {extra:,.0f} to change the recommendation)" if kept else "")
+        if kept is not None:  # kept on the point estimates: what the quantiles expect of it is told too
+            cautious = solve(problem, force_first=target)
+            numbers["expected_violation_s"] = round(cautious.violation_s, 1)
+            if cautious.violation_s > 0:
+                message += (f"; planned with the quantiles, it expects {cautious.violation_s:.0f} s of arrivals "
+                            "beyond the backlog target")
+        elif chosen.violation_s > 0:
             message += f"; expects {chosen.violation_s:.0f} s of arrivals beyond the backlog target at best"
         fallback = backend_in_use(config.scaling_backend, state.backend)[1]
         if fallback is not None:
@@ -285,6 +286,28 @@ class CostPlanner:
         reason = DecisionReason(code="cost_plan", rule=self.name, message=message, numbers=numbers)
         return Plan(direction(current, to), to, reason, recommended=target), changes
 
+    def _kept(self, memory: PlannerMemory, analysis: Analysis, config: JobConfig, state: PlanState, best: Schedule
+              ) -> tuple[Schedule, Schedule | None] | None:
+        """The last recommendation, where it stands (None where the plan is `best`): its schedule and the
+        next best, both on the point estimates (the mean level and capacities).
+
+        A recommendation not acted on (recommend mode, a held rescale) changes only when the point
+        estimates say it no longer keeps the target or costs an action's penalty more than the best: a
+        Schmitt trigger whose band is the estimates' uncertainty, so noise does not flip it. It is reported
+        on the terms it was kept on: its cost on the point estimates, and as the next best the cheapest
+        schedule starting elsewhere on them, which costs no less than the best, so the kept plan costs at
+        most the next best's cost and an action's penalty (to change the recommendation)."""
+        kept = memory.recommended
+        if kept is None or kept in (best.first, analysis.parallelism):
+            return None
+        point = self.problem(memory, analysis, config, state, quantiles=False)
+        if point is None or not 1 <= kept <= point.max_parallelism:
+            return None
+        keeping, (point_best, point_next) = solve(point, force_first=kept), solve_with_next(point)
+        if keeping.violation_s > 0 or keeping.cost > point_best.cost + self.action_penalty_slot_s:
+            return None
+        return keeping, point_best if point_best.first != kept else point_next
+
     def expected_rates(self, memory: PlannerMemory, analysis: Analysis, expected: PlanProblem
                        ) -> tuple[list[float], float]:
         """The arrivals a recovery prediction expects (values, step): from the rate now, as a trusted
@@ -303,11 +326,12 @@ class CostPlanner:
         return list(rates), expected.step_s
 
 
-def _numbers(chosen: Schedule, alternative: Schedule | None, problem: PlanProblem) -> dict[str, float | int | None]:
+def _numbers(chosen: Schedule, alternative: Schedule | None, problem: PlanProblem, extra: float = 0.0
+             ) -> dict[str, float | int | None]:
     return {
         "plan_cost_slot_s": round(chosen.cost, 1),
         "alternative_first": alternative.first if alternative else None,
-        "alternative_cost_slot_s": round(alternative.cost, 1) if alternative else None,
+        "alternative_cost_slot_s": round(alternative.cost + extra, 1) if alternative else None,
         "expected_violation_s": round(chosen.violation_s, 1),
         "planned_rate_now": round(float(problem.rates[0]), 2),
         "planned_rate_max": round(float(problem.rates.max()), 2),
