@@ -13,6 +13,7 @@ import subprocess
 import time
 import uuid
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ from contracts.messages import (
 from contracts.settings import Settings
 from infra.kafka import ensure_topic
 from stack.processes import free_port, stop_pid
-from stack.services import start_agents, start_job_runner
+from stack.services import start_agents, start_job_runner, start_together
 from tests.conftest import wait_until
 from tests.integration.kafka_helpers import Collector, send
 from tests.reliability.helpers import Ledger, register
@@ -62,11 +63,11 @@ def test_one_rescale_at_a_time_then_a_failed_rescale_rolls_back(settings: Settin
     reports = Collector(settings, settings.topics.runner_reports)
     try:
         # Two execute workers in two consumer groups: each reads every decision.
-        for name in ("x", "y"):
-            port = free_port()
-            workers.append(start_agents(settings, tmp_path / f"execute-{name}.log", ["execute"],
-                                        env={"AUTOSCALER_WEB_PORT": str(port),
-                                             "AUTOSCALER_APP_ID": f"{settings.app_id}-{name}", **entry_env}))
+        # Started together: each returns once ready, and their group joins overlap.
+        workers += start_together([partial(start_agents, settings, tmp_path / f"execute-{name}.log", ["execute"],
+                                           env={"AUTOSCALER_WEB_PORT": str(free_port()),
+                                                "AUTOSCALER_APP_ID": f"{settings.app_id}-{name}", **entry_env})
+                                   for name in ("x", "y")])
         metrics.until(MetricReport.model_validate_json, lambda rs: any(r.job_id == job for r in rs), timeout=180)
 
         first, second = decision(job, 1, 2), decision(job, 1, 2)
