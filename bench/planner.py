@@ -1,11 +1,12 @@
 """`python -m bench.planner`: how long one decision of the default planner takes.
 
 One decision is the whole policy step (`plan.policies.default.CostPlanner.decide`): the level update,
-the capacity quantiles, the schedule over the horizon and the next-best alternative (two dynamic
-programs over steps x parallelism x parallelism). Each sample is a fresh window of a job with a
-noisy arrival rate, a forecast over the horizon and capacities measured at several parallelisms,
-so no call repeats another. Prints a table and writes JSON; the goal (p99 <= 50 ms at a 60-minute
-horizon and a maximum parallelism of 64) is a row of the table, not a timed test.
+the capacity quantiles, the schedule over the horizon and the next-best alternative (one dynamic
+program over steps x parallelism x parallelism, a runner-up kept beside each best path). Each sample
+is a fresh window of a job with a noisy arrival rate, a forecast over the horizon and capacities
+measured at several parallelisms, so no call repeats another. Prints a table and writes JSON; the
+goal (p99 <= 50 ms at a 60-minute horizon and a maximum parallelism of 64) is a row of the table, not
+a timed test.
 """
 
 from __future__ import annotations
