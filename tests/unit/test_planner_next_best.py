@@ -72,6 +72,8 @@ def demo_window(t: float, p: int, arrival: float, backlog: float) -> Analysis:
 @settings(max_examples=400, deadline=None)
 @example(max_parallelism=2, current=2, load=0.5, backlog_s=0.0, measured={1}, noise=0.125, recommended=1, up=5.0,
          down=3.0)  # a recommendation kept: "plan 1 now ... costs 3,837 slot-s; next best (2 now) 3,545"
+@example(max_parallelism=10, current=8, load=0.9, backlog_s=63.6, measured={1}, noise=0.15, recommended=None, up=31.7,
+         down=3.2)  # the search barred from 8: "plan 8 now ... costs 5,089,234 slot-s; next best (10 now) 822,051"
 @given(max_parallelism=st.integers(2, 10), current=st.integers(1, 10), load=st.floats(0.3, 1.6),
        backlog_s=st.floats(0.0, 90.0), measured=st.sets(st.integers(1, 10), min_size=1, max_size=3),
        noise=st.floats(0.02, 0.2), recommended=st.none() | st.integers(1, 10), up=st.floats(5.0, 40.0),
