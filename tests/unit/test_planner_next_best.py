@@ -62,6 +62,15 @@ def test_the_next_best_is_the_plans_runner_up_not_a_search_barred_from_its_first
     assert alternative is not None and alternative.first != 4 and alternative.cost >= chosen.cost
 
 
+def test_where_no_runner_up_survives_the_search_barred_from_the_plans_first_step_gives_the_next_best() -> None:
+    """2 slots and a load rising past them: every path that starts at 1 slot loses its bucket to one at 2."""
+    pr = knee_problem(2, current=2, backlog=9_890.0, rates=[221.0, 372.0, 892.0, 1_019.0, 691.0, 587.0, 607.0],
+                      up=15.7, down=12.5, replay_records=284.0)
+    chosen, alternative = solve_with_next(pr)
+    assert chosen.first == 2 and alternative is not None and alternative.first == 1
+    assert alternative.cost == solve(pr, forbid_first=2).cost >= chosen.cost
+
+
 def demo_window(t: float, p: int, arrival: float, backlog: float) -> Analysis:
     rate = demo_capacity(p) / p
     return Analysis(job_id="j", window_end=t, parallelism=p, valid=True, true_processing_rate=rate,
