@@ -160,6 +160,8 @@ def _searched(problem: PlanProblem, forbid_first: int | None, force_first: int |
         raise ValueError("no schedule: every parallelism is excluded")
     chosen = _schedule(problem, found, final_choice, 0, last, start)
     choices = int(np.count_nonzero(first_allowed))
+    if not runner_ups:
+        return chosen, None, choices
     other = np.where(first != chosen.first - 1, final_choice, np.inf)
     label, state = np.unravel_index(int(np.argmin(other)), other.shape)
     if not np.isfinite(other[label, state]):
