@@ -4,6 +4,7 @@ committed with the plan state and published."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from contracts import metrics
@@ -11,6 +12,7 @@ from contracts.messages import Action, Analysis
 from contracts.settings import Settings
 from contracts.stage import JOB_BATCH_MAX, JOB_BATCH_WITHIN_S, Incoming, Publish, Subscription, Timer, per_key
 from knowledge import Knowledge
+from plan.cost_plan import warm_up
 from plan.step import decide, to_decision, with_quota
 
 log = logging.getLogger("autoscaler.plan")
@@ -26,6 +28,8 @@ class PlanAgent:
         self.settings = settings
         self.knowledge = knowledge
         self.publish = publish
+        # Loads the compiled schedule search while the worker joins its group, not on the first window.
+        threading.Thread(target=warm_up, name="planner-warm-up", daemon=True).start()
 
     def subscriptions(self) -> list[Subscription]:
         return [Subscription("plan", "analyses", self.process, JOB_BATCH_MAX, JOB_BATCH_WITHIN_S)]

@@ -352,3 +352,13 @@ def describe(schedule: Schedule, step_s: float, limit: int = 4) -> str:
             previous = p
     more = len(parts) - limit
     return ", ".join(parts[:limit]) + (f" (+{more} more)" if more > 0 else "")
+
+
+def warm_up() -> None:
+    """Solve one small problem, so that the process's first decision does not pay for loading the
+    compiled search (about 0.9 s on a 2-core machine, even from numba's on-disk cache). The plan agent
+    runs it in a thread as it starts, while its worker joins the consumer group."""
+    solve_with_next(PlanProblem(
+        parallelism=1, backlog=0.0, rates=np.full(3, 100.0), step_s=60.0,
+        capacity=np.array([0.0, 150.0, 300.0]), min_parallelism=1, downtime_up_s=10.0, downtime_down_s=5.0,
+        replay_records=0.0, backlog_target_s=60.0))
