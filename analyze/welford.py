@@ -85,10 +85,6 @@ class Moments:
         return self.m2 / (self.count - 1 if sample else self.count)
 
     @property
-    def population_variance(self) -> float:
-        return self.variance(sample=False)
-
-    @property
     def sample_variance(self) -> float:
         return self.variance(sample=True)
 

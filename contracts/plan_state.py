@@ -84,9 +84,6 @@ class Downtimes(_Part):
         measured = [*self.up, *self.down]
         return expected_restart_time(measured, default_s, cap_s) if measured else None
 
-    def by_direction(self) -> dict[str, list[float]]:
-        return {"up": list(self.up), "down": list(self.down)}
-
     def add(self, direction: Literal["up", "down"], downtime_s: float) -> Downtimes:
         kept = [*getattr(self, direction), float(downtime_s)][-DOWNTIMES_KEPT:]
         return self.model_copy(update={direction: kept})

@@ -95,11 +95,3 @@ def to_decision(plan: Plan, analysis: Analysis, config: JobConfig) -> ScalingDec
         mode=config.mode.value,
         closed_at=analysis.closed_at,
     )
-
-
-def plan_step(
-    state: PlanState, analysis: Analysis, config: JobConfig, policy: ScalingPolicy | None = None
-) -> tuple[PlanState, ScalingDecision]:
-    """One window from plan state to decision, without a slot quota."""
-    new, plan = decide(state, analysis, config, policy)
-    return new, to_decision(plan, analysis, config)

@@ -15,7 +15,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -62,12 +61,6 @@ def isolated_settings(broker_port: int, redis_port: int, topic_prefix: str, app_
         topics=Topics(**{k: f"{topic_prefix}.{v}" for k, v in Topics().model_dump().items()}),
         app_id=app_id, web_port=free_port(), loop_interval_s=loop_interval_s, topic_partitions=4,
     )
-
-
-def unique_settings(broker_port: int, redis_port: int, loop_interval_s: float = 10.0) -> Settings:
-    """`isolated_settings` with a fresh random prefix and consumer group."""
-    run = uuid.uuid4().hex[:6]
-    return isolated_settings(broker_port, redis_port, f"t{run}", f"autoscaler-{run}", loop_interval_s)
 
 
 @dataclass
