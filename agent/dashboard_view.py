@@ -7,16 +7,22 @@ series has no point)."""
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 
 from agent.explain import clock, is_suppression, numbers_text
-from plan.forecast_skill import KEPT, LEAD_S, MAX_ERROR, MIN_SCORES
-from plan.policies.default import FORECAST_MAX_OFFSET, CostPlanner, PlannerMemory
+from plan.forecast_skill import LEAD_S, MAX_ERROR, MIN_SCORES
+from plan.policies.default import (
+    FORECAST_MAX_OFFSET,
+    CostPlanner,
+    PlannerMemory,
+    capped_upper,
+    forecast_offset,
+)
 
 # A job whose last analysis is older than this many windows (and at least a minute) is stale.
 STALE_WINDOWS = 3
@@ -50,13 +56,12 @@ def forecast_trust(policy: str, policy_state: dict[str, Any]) -> ForecastTrust |
     except ValidationError:
         return ForecastTrust(False, 0.0, None, "not trusted: the planner's memory is not readable")
     skill, minutes = memory.skill, LEAD_S / 60
-    errors = [abs(e) for e in skill.errors[-KEPT:]]
-    if len(errors) < MIN_SCORES:
+    median = skill.median_error()
+    if median is None:
         return ForecastTrust(False, skill.band(), memory.level.level(),
-                             f"not trusted yet: its {minutes:.0f}-minute change was checked {len(errors)} of "
-                             f"{MIN_SCORES} times since the load last shifted; the planner plans with the "
+                             f"not trusted yet: its {minutes:.0f}-minute change was checked {len(skill.errors)} "
+                             f"of {MIN_SCORES} times since the load last shifted; the planner plans with the "
                              "measured level")
-    median = statistics.median(errors)
     if not skill.trusted():
         return ForecastTrust(False, skill.band(), memory.level.level(),
                              f"not trusted: its {minutes:.0f}-minute changes missed by {math.expm1(median):.0%} "
@@ -140,12 +145,12 @@ def _forecast(analyses: list[dict[str, Any]], trust: ForecastTrust | None
     note = None
     if trust is not None:
         note = f"forecast ({forecast.get('method', '?')}) {trust.why}"
-        offset = abs(values[0] / trust.level - 1) if trust.level and values[0] > 0 else math.inf
+        offset = forecast_offset(trust.level, values[0])
         if trust.trusted and offset > FORECAST_MAX_OFFSET:
             trust, note = None, (f"forecast ({forecast.get('method', '?')}) not used: it starts {offset:.0%} from "
                                  f"the measured level (used within {FORECAST_MAX_OFFSET:.0%})")
         elif trust.trusted and len(upper) == len(values):
-            upper = [min(max(u, v), v * math.exp(trust.band)) for u, v in zip(upper, values, strict=True)]
+            upper = capped_upper(np.asarray(values), upper, trust.band).tolist()
         if trust is None or not trust.trusted:
             shown["forecast_untrusted"] = _points_until(values, start, step, until)
             return shown, note

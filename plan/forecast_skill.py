@@ -46,10 +46,15 @@ class ForecastSkill(BaseModel):
             return 0.0
         return float(np.quantile(np.abs(self.errors[-KEPT:]), 0.9))
 
-    def trusted(self) -> bool:
+    def median_error(self) -> float | None:
+        """The median absolute log error of the last `KEPT` scores; None before `MIN_SCORES`."""
         if len(self.errors) < MIN_SCORES:
-            return False
-        return statistics.median(abs(e) for e in self.errors[-KEPT:]) <= MAX_ERROR
+            return None
+        return statistics.median(abs(e) for e in self.errors[-KEPT:])
+
+    def trusted(self) -> bool:
+        error = self.median_error()
+        return error is not None and error <= MAX_ERROR
 
 
 def note(skill: ForecastSkill, now: float, level: float | None, forecast: ForecastView | None) -> ForecastSkill:

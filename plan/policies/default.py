@@ -79,6 +79,16 @@ class PlannerMemory(BaseModel):
     last_up_at: float | None = None  # metric time of the last scale-up decided
 
 
+def forecast_offset(level: float | None, first: float) -> float:
+    """How far a forecast's first value is from the measured level, relative to it (inf without a level)."""
+    return abs(first / level - 1) if level and first > 0 else math.inf
+
+
+def capped_upper(values: np.ndarray, upper: list[float], band: float) -> np.ndarray:
+    """A forecast's upper quantile, no lower than its point forecast and at most `band` (a log ratio) above it."""
+    return np.minimum(np.maximum(np.asarray(upper, dtype=float), values), values * math.exp(band))
+
+
 def planned_rates(level: float, forecast: ForecastView | None, now: float, steps: int, step_s: float,
                   trusted: bool = True, band: float = math.inf, floor: bool = True) -> np.ndarray:
     """The arrival rate to plan each step with: the level's upper quantile, raised where a trusted forecast
@@ -93,11 +103,11 @@ def planned_rates(level: float, forecast: ForecastView | None, now: float, steps
     if not trusted or forecast is None or not forecast.values or forecast.values[0] <= 0:
         return rates
     first = forecast.values[0]
-    if abs(first / level - 1) > FORECAST_MAX_OFFSET:
+    if forecast_offset(level, first) > FORECAST_MAX_OFFSET:
         return rates
     values = np.asarray(forecast.values, dtype=float)
     if forecast.upper and len(forecast.upper) == len(values):
-        values = np.minimum(np.maximum(np.asarray(forecast.upper, dtype=float), values), values * math.exp(band))
+        values = capped_upper(values, forecast.upper, band)
     times = forecast.start + np.arange(len(values)) * forecast.step_s
     middles = now + (np.arange(steps) + 0.5) * step_s
     expected = level * np.interp(middles, times, values, left=first) / first
