@@ -128,10 +128,11 @@ def start_together(starts: list[Callable[[], AgentWorker]]) -> list[AgentWorker]
     return workers
 
 
-def readiness(port: int, settings: Settings, timeout: float = 1.0) -> tuple[int, dict[str, Any]]:
-    """An agent worker's /ready on 127.0.0.1:`port`, with the settings' token: (HTTP status, body);
-    (0, the error) when nothing answers."""
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/ready", headers=bearer_headers(settings))
+def readiness(port: int, settings: Settings | None = None, timeout: float = 1.0) -> tuple[int, dict[str, Any]]:
+    """An agent worker's /ready on 127.0.0.1:`port`, with the settings' token if any: (HTTP status,
+    body); (0, the error) when nothing answers."""
+    headers = bearer_headers(settings) if settings is not None else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/ready", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())

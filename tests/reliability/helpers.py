@@ -1,15 +1,12 @@
-"""Pieces the fault tests share: a stream of metric reports in a thread, readiness, the ledger
+"""Pieces the fault tests share: a stream of metric reports in a thread, the ledger
 of what the agents published (decisions, commands, events) and the checks on it."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -111,16 +108,6 @@ class ReportStream:
         first = math.floor(stamps[0] / interval_s) * interval_s
         last_open = math.floor(stamps[-1] / interval_s) * interval_s
         return [first + interval_s * (i + 1) for i in range(round((last_open - first) / interval_s))]
-
-
-def readiness(port: int) -> tuple[int, dict[str, object]]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=3) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-    except (urllib.error.URLError, OSError) as exc:
-        return 0, {"error": str(exc)}
 
 
 class TopicLog:

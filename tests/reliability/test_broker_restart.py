@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from stack.processes import Service, free_port, start_broker
-from stack.services import start_agents
+from stack.services import readiness, start_agents
 from tests.conftest import wait_until
 from tests.integration.test_agents import accepted_reports, prometheus_samples
-from tests.reliability.helpers import EAGER, Ledger, ReportStream, TopicLog, readiness, register, settings_for
+from tests.reliability.helpers import EAGER, Ledger, ReportStream, TopicLog, register, settings_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 
@@ -65,7 +65,7 @@ def test_agents_reconnect_and_recreate_their_topics_after_a_broker_restart(
                        message="decisions from the restarted broker")
             first_after = min(at for at, _ in ledger.decisions_received()[before:]) - restarted_at
             assert worker.process.poll() is None, "the agents died with the broker"
-            assert readiness(worker.web_port)[0] == 200
+            assert readiness(worker.web_port, timeout=3)[0] == 200
         assert not stream.failed, stream.failed
         counts: dict[str, float] = {}
         # Every report on the new broker (it holds only those) must be counted, none skipped for its

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from stack.processes import Service, free_port, start_redis
-from stack.services import start_agents
+from stack.services import readiness, start_agents
 from tests.conftest import wait_until
 from tests.reliability.helpers import (
     EAGER,
@@ -17,7 +17,6 @@ from tests.reliability.helpers import (
     ReportStream,
     audit,
     missing_decisions,
-    readiness,
     register,
     settings_for,
 )
@@ -38,12 +37,12 @@ def test_agents_wait_out_a_redis_outage_and_resume_without_losing_a_window(broke
         with ReportStream(settings, jobs, speedup=10.0) as stream:
             wait_until(lambda: (ledger.poll(), len(ledger.decisions()) >= 6)[1], timeout=90,
                        message="decisions before the outage")
-            assert readiness(worker.web_port)[0] == 200
+            assert readiness(worker.web_port, timeout=3)[0] == 200
 
             redis.stop()
             stopped_at = time.time()
             _status, body = wait_until(
-                lambda: (r := readiness(worker.web_port))[0] == 503 and r, timeout=20,
+                lambda: (r := readiness(worker.web_port, timeout=3))[0] == 503 and r, timeout=20,
                 message="readiness to report the outage",
             )
             assert body["status"] == "degraded"
@@ -57,7 +56,7 @@ def test_agents_wait_out_a_redis_outage_and_resume_without_losing_a_window(broke
 
             redis = start_redis(redis_port, tmp_path / "redis.log", data_dir=data)
             restarted_at = time.time()
-            wait_until(lambda: readiness(worker.web_port)[0] == 200, timeout=30, message="ready again")
+            wait_until(lambda: readiness(worker.web_port, timeout=3)[0] == 200, timeout=30, message="ready again")
             ready_after = time.time() - restarted_at
             wait_until(lambda: (ledger.poll(), any(at > restarted_at for at, _ in ledger.decisions_received()))[1],
                        timeout=60, message="decisions after Redis returned")
