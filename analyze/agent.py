@@ -8,8 +8,8 @@ import logging
 
 from pydantic import ValidationError
 
-from analyze.forecasting import Forecasting
-from analyze.proactive import Learned, forecast_config, forecast_view, learn, new_learned
+from analyze.forecast_pool import Forecasting
+from analyze.learning import Learned, forecast_config, forecast_view, learn, new_learned
 from analyze.true_rates import analyze_window
 from contracts import metrics
 from contracts.dead_letters import Rejection, dead_letter

@@ -2,7 +2,7 @@
 
 Run `python -m bench.refit_latency --help`. It starts its own redis-server on a free port, fits an
 ARIMA model per job up front, then replays arrival rates from real traces through
-`analyze.forecasting.Forecasting.step` the way the analyze agent does (one window per job per loop,
+`analyze.forecast_pool.Forecasting.step` the way the analyze agent does (one window per job per loop,
 processed one after another as a Faust agent processes its stream), first with no refit under way
 and then with refits continuously under way, and compares how long each job's window waits for its
 forecast step. See bench/README.md.
@@ -31,11 +31,11 @@ from rich.console import Console
 from rich.table import Table
 from threadpoolctl import threadpool_info
 
-import analyze.forecasting as forecasting_module
+import analyze.forecast_pool as forecasting_module
 from analyze.arima import ForecastConfig, load_model
 from analyze.forecast import ForecastState
-from analyze.forecasting import Forecasting
-from analyze.proactive import forecast_config
+from analyze.forecast_pool import Forecasting
+from analyze.learning import forecast_config
 from bench.common import code_version, machine_info, process_cpu_seconds, summary
 from bench.forecast_accuracy import packages
 from bench.refit_jobs import Job, Probe, Window, first_models, make_jobs, stop_pool
@@ -382,7 +382,7 @@ def main(
         "benchmark": "refit_latency",
         "date": started.isoformat(timespec="seconds"),
         "duration_s": round(time.perf_counter() - wall, 2),
-        "code": code_version(("analyze/arima.py", "analyze/forecast.py", "analyze/forecasting.py",
+        "code": code_version(("analyze/arima.py", "analyze/forecast.py", "analyze/forecast_pool.py",
                               "knowledge/redis_jobs.py", "bench/refit_latency.py")),
         "machine": machine_info() | {"load_average_at_start": [round(x, 2) for x in load_at_start],
                                      "forecast_packages": packages()},

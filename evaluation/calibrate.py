@@ -16,7 +16,7 @@ does (restart backend):
   restarts          under a constant load, rescales up and down between the two smallest
                     parallelisms: the restart backend's downtime of each direction, a scale-up's
                     with the job behind (a full first batch after it), as live.
-The per-slot rates are fitted to the model's knee curve (`evaluation.job_models.fit_scaling`); the
+The per-slot rates are fitted to the model's knee curve (`evaluation.model_files.fit_scaling`); the
 rest are medians. The file says what was measured, when and how.
 """
 
@@ -37,7 +37,7 @@ from typing import Any
 from analyze.true_rates import fixed_batch_cost
 from contracts.messages import MetricReport
 from contracts.settings import Settings, Topics
-from evaluation.job_models import WARM_UP_S, JobModelFile, fit_scaling
+from evaluation.model_files import WARM_UP_S, JobModelFile, fit_scaling
 from infra.kafka import TopicReader, ensure_topic
 from pipeline.loadgen import Constant, Shape, generate_load
 from pipeline.restart import RestartFromCheckpoint, SparkJobConfig

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from analyze.arima import fit_model
 from analyze.forecast import ForecastState, install_model, step
-from analyze.proactive import forecast_config, forecast_view
+from analyze.learning import forecast_config, forecast_view
 from contracts.jobs import JobConfig
 from contracts.messages import ForecastView
 from evaluation.jobmodel import EPOCH

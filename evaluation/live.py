@@ -24,7 +24,7 @@ from rich.table import Table
 
 from contracts.messages import EventType
 from evaluation.forecasts import forecast_stream
-from evaluation.job_models import WARM_UP_S
+from evaluation.model_files import WARM_UP_S
 from evaluation.simulator import WINDOW_S, PolicyRunner, simulate
 from evaluation.suite import EvalSettings, eval_config
 from evaluation.traces import LOW_FRACTION, NATIVE_ROW_SECONDS, TRACE_FILES, TRACES, builtin_series, replay

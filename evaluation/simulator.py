@@ -3,7 +3,7 @@
 Each window, the job model (`evaluation.jobmodel`) sends the `MetricReport`s the Spark reporter
 would send (two per window); they go through the monitor's window folding (`monitor.windows`),
 analyze's true rates (`analyze.true_rates`) and, for policies that plan with a forecast, analyze's
-capacity model and recovery detector (`analyze.proactive`) with the arrival-rate forecasts
+capacity model and recovery detector (`analyze.learning`) with the arrival-rate forecasts
 analyze would publish (`evaluation.forecasts`). The policy then plans through the same planner
 step as the plan agent (`plan.step.decide`), on a plan state kept in the in-memory knowledge base
 (`knowledge.MemoryKnowledge`). A rescale it asks for restarts the model, paying its downtime and the
@@ -22,15 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from analyze.proactive import learn, new_learned
+from analyze.learning import learn, new_learned
 from analyze.true_rates import analyze_window
 from contracts.jobs import JobConfig
 from contracts.messages import Action, Analysis
 from contracts.plan_state import PlanState
 from contracts.settings import Settings
 from evaluation.forecasts import ForecastStream
-from evaluation.job_models import demo_job_model
 from evaluation.jobmodel import EPOCH, JobModel, JobState, advance, report, rescale
+from evaluation.model_files import demo_job_model
 from evaluation.traces import Trace
 from knowledge.memory import MemoryKnowledge, run_now
 from monitor.windows import add_report, close_window

@@ -26,8 +26,8 @@ import numpy as np
 from contracts.backends import BackendKind
 from contracts.jobs import JobConfig
 from evaluation.forecasts import FORECAST_STEP_S, forecast_stream, one_blas_thread
-from evaluation.job_models import JobModelFile, load_job_model
 from evaluation.jobmodel import JobModel
+from evaluation.model_files import JobModelFile, load_job_model
 from evaluation.oracle import oracle_with_restarts, oracle_without_restarts
 from evaluation.simulator import (
     REPORTS_PER_WINDOW,

@@ -74,7 +74,7 @@ class AnalysisModels(Protocol):
         ...
 
     async def learned(self, job_id: str) -> dict[str, Any] | None:
-        """The capacity model and recovery detector (analyze.proactive.Learned as a dict)."""
+        """The capacity model and recovery detector (analyze.learning.Learned as a dict)."""
         ...
 
     async def forecast(self, job_id: str) -> tuple[str | None, bytes | None]:

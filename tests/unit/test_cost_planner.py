@@ -14,7 +14,7 @@ from contracts.backends import DEFAULT_RAMP_S, BackendKind, planned_costs
 from contracts.jobs import JobConfig, Mode
 from contracts.messages import Action, Analysis, ForecastView
 from contracts.plan_state import Downtimes, PlanState
-from evaluation.job_models import demo_model
+from evaluation.model_files import demo_model
 from evaluation.simulator import PolicyRun, PolicyRunner, rate_factors, simulate
 from evaluation.traces import load_trace
 from plan.capacity_estimate import Measured, capacities, in_waves

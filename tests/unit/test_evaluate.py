@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from contracts.backends import BackendKind
 from evaluation.cli import evaluate_command
-from evaluation.job_models import demo_job_model, demo_model
+from evaluation.model_files import demo_job_model, demo_model
 from evaluation.simulator import (
     REPORTS_PER_WINDOW,
     WINDOW_S,

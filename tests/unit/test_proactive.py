@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analyze.forecast import ForecastState, abandon_retrain
-from analyze.proactive import Learned, learn, new_learned, scaling_curve
+from analyze.learning import Learned, learn, new_learned, scaling_curve
 from analyze.true_rates import analyze_window
 from contracts.jobs import JobConfig
 from contracts.messages import Action, Analysis, CapacityView, ForecastView, MetricWindow, RecoveryView, SourceWindow

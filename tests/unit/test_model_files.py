@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evaluation.job_models import JobModelError, JobModelFile, demo_job_model, fit_scaling, load_job_model
 from evaluation.jobmodel import JobModel, JobState, Operator, advance
+from evaluation.model_files import JobModelError, JobModelFile, demo_job_model, fit_scaling, load_job_model
 
 
 def test_the_demo_job_model_is_read_from_its_file_with_how_it_was_measured() -> None:
@@ -53,7 +53,7 @@ def test_a_file_that_is_not_a_job_model_gets_a_clear_error(tmp_path: Path) -> No
 
 
 def test_a_written_model_reads_back(tmp_path: Path) -> None:
-    from evaluation.job_models import write_job_model
+    from evaluation.model_files import write_job_model
 
     model = JobModelFile(name="j", slot_rate=100.0, downtime_up_s=10.0, downtime_down_s=5.0, rate_noise=0.05,
                          batch_overhead_s=0.5, measured={"how": "test"})
