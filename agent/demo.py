@@ -20,7 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from agent.watch import consumer, describe_decision, describe_event
-from contracts.messages import Analysis, EventType, ScalingDecision, ScalingEvent
+from contracts.analyses import Analysis
+from contracts.decisions import EventType, ScalingDecision, ScalingEvent
 from contracts.settings import Settings
 from evaluation.live import live_measures
 from evaluation.report import plot_live

@@ -11,7 +11,7 @@ import uuid
 from confluent_kafka import Consumer
 from rich.console import Console
 
-from contracts.messages import ScalingDecision, ScalingEvent
+from contracts.decisions import ScalingDecision, ScalingEvent
 from contracts.settings import Settings
 from infra.kafka import group_consumer_config
 from infra.subscribe import Subscriber

@@ -24,7 +24,8 @@ from analyze.capacity import (
     fit_scaling_curve,
 )
 from analyze.forecast import Forecast, ForecastDecision
-from contracts.messages import Analysis, CapacityCurve, CapacityView, ForecastView, MetricWindow, RecoveryView
+from contracts.analyses import Analysis, CapacityCurve, CapacityView, ForecastView, RecoveryView
+from contracts.messages import MetricWindow
 
 
 @dataclass

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from contracts.messages import Analysis, MetricWindow, OperatorAnalysis, OperatorWindow
+from contracts.analyses import Analysis, OperatorAnalysis
+from contracts.messages import MetricWindow, OperatorWindow
 
 # Below this much useful time a window's rates are mostly noise (one task's scheduling jitter).
 MIN_BUSY_TIME_S = 0.05

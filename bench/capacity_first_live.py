@@ -20,15 +20,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from evaluation.capacity_cli import planned_curve
+from plan.capacity.explore import Exploration
+from plan.capacity.scaling import Fit
 from rich.console import Console
 from rich.table import Table
 
 from bench.common import code_version, machine_info
+from contracts.decisions import Action
 from contracts.jobs import format_planned_capacity
-from contracts.messages import Action
-from evaluation.capacity_cli import planned_curve
-from plan.capacity.explore import Exploration
-from plan.capacity.scaling import Fit
 from stack.live import run_live
 from stack.processes import start_broker, start_redis, stop_pid
 from stack.services import isolated_settings

@@ -12,7 +12,8 @@ from rich.console import Console
 
 from analyze.capacity import CapacityModel, UnknownCapacity
 from analyze.welford import CoMoments
-from contracts.messages import Analysis, MetricReport, MetricWindow
+from contracts.analyses import Analysis
+from contracts.messages import MetricReport, MetricWindow
 from monitor.windows import add_report
 
 HERE = Path(__file__).resolve().parent

@@ -31,7 +31,7 @@ from bench.ingest_setup import (
     run_settings,
     start_worker,
 )
-from contracts.messages import ScalingDecision
+from contracts.decisions import ScalingDecision
 from contracts.settings import Settings
 from infra.kafka import ensure_topics
 from knowledge import Knowledge, RedisKnowledge

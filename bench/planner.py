@@ -22,8 +22,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import code_version, machine_info, summary
+from contracts.analyses import Analysis, ForecastView
 from contracts.jobs import JobConfig
-from contracts.messages import Analysis, ForecastView
 from contracts.plan_state import PlanState
 from plan.capacity_estimate import Measured, SlotStats
 from plan.forecast_skill import ForecastSkill

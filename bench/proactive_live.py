@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from contracts.messages import EventType
+from contracts.decisions import EventType
 from stack.live import run_live
 from stack.processes import start_broker, start_redis, stop_pid
 from stack.services import isolated_settings

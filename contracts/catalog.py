@@ -8,17 +8,10 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
+from contracts.analyses import Analysis
 from contracts.dead_letters import DeadLetter
-from contracts.messages import (
-    Analysis,
-    Contract,
-    MetricReport,
-    MetricWindow,
-    RescaleCommand,
-    RunnerReport,
-    ScalingDecision,
-    ScalingEvent,
-)
+from contracts.decisions import RescaleCommand, RunnerReport, ScalingDecision, ScalingEvent
+from contracts.messages import Contract, MetricReport, MetricWindow
 
 CONTRACTS: dict[str, type[Contract]] = {
     "metric-report": MetricReport,

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from analyze.true_rates import analyze_window
+from contracts.decisions import Action
 from contracts.jobs import JobConfig
-from contracts.messages import Action
 from evaluation.jobmodel import JobModel, JobState, Operator, advance, report
 from monitor.windows import add_report, close_window
 from plan.ds2 import plan_ds2

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from analyze.arima import fit_model
 from analyze.forecast import ForecastState, install_model, step
 from analyze.learning import forecast_config, forecast_view
+from contracts.analyses import ForecastView
 from contracts.jobs import JobConfig
-from contracts.messages import ForecastView
 from evaluation.jobmodel import EPOCH
 from evaluation.traces import Trace
 

@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from contracts.messages import EventType
+from contracts.decisions import EventType
 from evaluation.forecasts import forecast_stream
 from evaluation.model_files import WARM_UP_S
 from evaluation.simulator import WINDOW_S, PolicyRunner, simulate

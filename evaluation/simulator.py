@@ -24,8 +24,9 @@ import numpy as np
 
 from analyze.learning import learn, new_learned
 from analyze.true_rates import analyze_window
+from contracts.analyses import Analysis
+from contracts.decisions import Action
 from contracts.jobs import JobConfig
-from contracts.messages import Action, Analysis
 from contracts.plan_state import PlanState
 from contracts.settings import Settings
 from evaluation.forecasts import ForecastStream

@@ -11,7 +11,7 @@ import time
 import uuid
 
 from contracts import metrics
-from contracts.messages import (
+from contracts.decisions import (
     Action,
     EventType,
     RescaleCommand,

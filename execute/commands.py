@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from contracts.messages import RunnerReport
+from contracts.decisions import RunnerReport
 from contracts.settings import Settings
 from infra.kafka import group_consumer_config
 from infra.security import redact

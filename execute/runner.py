@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from contracts.backends import ActionCost
-from contracts.messages import RescaleCommand, RunnerReport, RunnerStatus, went_part_way
+from contracts.decisions import RescaleCommand, RunnerReport, RunnerStatus, went_part_way
 from contracts.plan_state import Downtimes
 from contracts.settings import Settings, get_settings
 from execute.backend import RunnerFatal, ScalingBackend, StartError

@@ -29,7 +29,7 @@ from types import TracebackType
 
 from confluent_kafka import Consumer
 
-from contracts.messages import ScalingDecision, ScalingEvent
+from contracts.decisions import ScalingDecision, ScalingEvent
 from contracts.settings import Settings
 from infra.kafka import group_consumer_config
 

@@ -8,7 +8,8 @@ import threading
 import time
 
 from contracts import metrics
-from contracts.messages import Action, Analysis
+from contracts.analyses import Analysis
+from contracts.decisions import Action
 from contracts.settings import Settings
 from contracts.stage import JOB_BATCH_MAX, JOB_BATCH_WITHIN_S, Incoming, Publish, Subscription, Timer, per_key
 from knowledge import Knowledge

@@ -12,8 +12,9 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from contracts.analyses import Analysis
+from contracts.decisions import Action, DecisionReason
 from contracts.jobs import JobConfig
-from contracts.messages import Action, Analysis, DecisionReason
 from contracts.plan_state import PlanState, RateSample
 from plan.policy import Plan, hold
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 import math
 from graphlib import CycleError, TopologicalSorter
 
+from contracts.analyses import Analysis, OperatorAnalysis
+from contracts.decisions import Action, DecisionReason
 from contracts.jobs import JobConfig
-from contracts.messages import Action, Analysis, DecisionReason, OperatorAnalysis
 from plan.policy import Plan, direction, hold
 
 # Guards the ceiling against floating-point noise (4.0000000001 slots is 4 slots).

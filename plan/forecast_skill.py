@@ -23,7 +23,7 @@ import statistics
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.messages import ForecastView
+from contracts.analyses import ForecastView
 
 LEAD_S = 600.0  # how far ahead the predicted change is scored
 MIN_SCORES = 3

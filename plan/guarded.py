@@ -15,8 +15,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, ClassVar
 
+from contracts.analyses import Analysis
+from contracts.decisions import Action
 from contracts.jobs import JobConfig, Mode
-from contracts.messages import Action, Analysis
 from contracts.periods import excluded_at, parse_periods
 from contracts.plan_state import PlanState
 from plan.controls import (

@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
+from contracts.analyses import Analysis
+from contracts.decisions import Action, DecisionReason
 from contracts.jobs import JobConfig
-from contracts.messages import Action, Analysis, DecisionReason
 from contracts.plan_state import PlanState
 
 

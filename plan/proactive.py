@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from contracts.analyses import Analysis, CapacityView, RecoveryView
+from contracts.decisions import DecisionReason
 from contracts.jobs import JobConfig
-from contracts.messages import Analysis, CapacityView, DecisionReason, RecoveryView
 from contracts.plan_state import Downtimes, PendingRecovery, PlanState
 from plan.policy import Plan, direction
 from plan.recovery import choose_scale_out, predict_recovery, replay_records

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from contracts.analyses import Analysis
+from contracts.decisions import Action, DecisionReason, ScalingDecision
 from contracts.jobs import JobConfig, Mode
-from contracts.messages import Action, Analysis, DecisionReason, ScalingDecision
 from contracts.plan_state import PlanState
 from plan.policy import Plan, ScalingPolicy, hold
 from plan.proactive import after_executed_rescale, recovery_notice

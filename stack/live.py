@@ -16,7 +16,8 @@ from subprocess import Popen
 
 from confluent_kafka import Consumer
 
-from contracts.messages import Analysis, EventType, ScalingDecision, ScalingEvent
+from contracts.analyses import Analysis
+from contracts.decisions import EventType, ScalingDecision, ScalingEvent
 from contracts.settings import Settings
 from infra.kafka import ensure_topics, group_consumer_config
 from stack.processes import stop_pid

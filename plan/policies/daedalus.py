@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from contracts.analyses import Analysis
 from contracts.jobs import JobConfig
-from contracts.messages import Analysis
 from contracts.plan_state import PlanState
 from plan.ds2 import plan_ds2
 from plan.guarded import GuardedPolicy

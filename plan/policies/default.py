@@ -41,9 +41,10 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.analyses import Analysis, ForecastView
 from contracts.backends import backend_in_use, planned_costs
+from contracts.decisions import Action, DecisionReason
 from contracts.jobs import JobConfig
-from contracts.messages import Action, Analysis, DecisionReason, ForecastView
 from contracts.periods import excluded_at, parse_periods
 from contracts.plan_state import PlanState
 from plan.batching import BatchCost

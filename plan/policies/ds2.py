@@ -11,8 +11,8 @@ from typing import ClassVar
 
 from pydantic import BaseModel
 
+from contracts.analyses import Analysis
 from contracts.jobs import JobConfig
-from contracts.messages import Analysis
 from contracts.plan_state import PlanState
 from plan.ds2 import plan_ds2
 from plan.policy import Plan, hold

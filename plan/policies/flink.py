@@ -13,8 +13,9 @@ from typing import ClassVar
 
 from pydantic import BaseModel, Field
 
+from contracts.analyses import Analysis
+from contracts.decisions import DecisionReason
 from contracts.jobs import JobConfig
-from contracts.messages import Analysis, DecisionReason
 from contracts.plan_state import PlanState
 from plan.policy import Plan, direction, hold
 

@@ -8,7 +8,7 @@ be learned.
 
 from __future__ import annotations
 
-from contracts.messages import Analysis
+from contracts.analyses import Analysis
 from plan.policies.daedalus import DaedalusPolicy
 from plan.proactive import Capacity, ds2_capacity
 

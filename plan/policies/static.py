@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from contracts.analyses import Analysis
 from contracts.jobs import JobConfig
-from contracts.messages import Analysis
 from contracts.plan_state import PlanState
 from plan.policy import Plan, hold
 

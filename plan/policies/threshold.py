@@ -14,8 +14,9 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+from contracts.analyses import Analysis
+from contracts.decisions import DecisionReason
 from contracts.jobs import JobConfig
-from contracts.messages import Analysis, DecisionReason
 from contracts.plan_state import PlanState
 from plan.policy import Plan, direction, hold
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts.messages import Analysis, EventType, ScalingDecision, ScalingEvent
+from contracts.analyses import Analysis
+from contracts.decisions import EventType, ScalingDecision, ScalingEvent
 from contracts.settings import Settings
 from infra.kafka import written_ids
 from stack.processes import stop_pid

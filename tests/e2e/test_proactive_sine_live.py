@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from contracts.messages import EventType
+from contracts.decisions import EventType
 from contracts.settings import Settings
 from evaluation.traces import TRACE_FILES, TRACES
 from stack.live import WARM_UP_FIRST_ID, run_live

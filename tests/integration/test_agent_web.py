@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, TopicPartition
 from pydantic import SecretStr
 
 from agent.dashboard import Dashboard
-from contracts.messages import ScalingDecision
+from contracts.decisions import ScalingDecision
 from contracts.settings import Settings, settings_env
 from infra.kafka import group_consumer_config
 from knowledge.memory import MemoryKnowledge

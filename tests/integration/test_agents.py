@@ -11,7 +11,8 @@ import urllib.request
 import pytest
 
 from contracts.dead_letters import DeadLetter
-from contracts.messages import MetricReport, OperatorMetrics, ScalingDecision, SourceMetrics
+from contracts.decisions import ScalingDecision
+from contracts.messages import MetricReport, OperatorMetrics, SourceMetrics
 from contracts.settings import Settings
 from knowledge import RedisKnowledge
 from stack.services import AgentWorker

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from contracts.dead_letters import DeadLetter
-from contracts.messages import MetricReport, ScalingDecision
+from contracts.decisions import ScalingDecision
+from contracts.messages import MetricReport
 from contracts.settings import Settings
 from knowledge import RedisKnowledge
 from stack.services import AgentWorker

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from contracts.messages import EventType, MetricReport, ScalingDecision, ScalingEvent, SourceMetrics
+from contracts.decisions import EventType, ScalingDecision, ScalingEvent
+from contracts.messages import MetricReport, SourceMetrics
 from contracts.settings import Settings, settings_env
 from stack.services import AgentWorker, start_agents
 from tests.integration.kafka_helpers import Collector, send

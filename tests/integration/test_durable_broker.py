@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from contracts.messages import Action, DecisionReason, MetricReport, ScalingDecision
+from contracts.decisions import Action, DecisionReason, ScalingDecision
+from contracts.messages import MetricReport
 from contracts.settings import Settings
 from infra.kafka import LogEndProbe, ensure_topics, group_consumer_config, kafka_client_config
 from stack.embedded import Stack

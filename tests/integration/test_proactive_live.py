@@ -14,17 +14,9 @@ from typing import Any
 import pytest
 
 from analyze.forecast import ForecastState
-from contracts.messages import (
-    Analysis,
-    EventType,
-    MetricReport,
-    MetricWindow,
-    ScalingDecision,
-    ScalingEvent,
-    SourceMetrics,
-    SourceWindow,
-    WorkerWindow,
-)
+from contracts.analyses import Analysis
+from contracts.decisions import EventType, ScalingDecision, ScalingEvent
+from contracts.messages import MetricReport, MetricWindow, SourceMetrics, SourceWindow, WorkerWindow
 from contracts.settings import Settings
 from knowledge import RedisKnowledge
 from stack.services import start_agents

@@ -20,7 +20,7 @@ import redis.exceptions
 from confluent_kafka import Consumer, TopicPartition
 
 from contracts.dead_letters import DeadLetter
-from contracts.messages import ScalingDecision
+from contracts.decisions import ScalingDecision
 from contracts.settings import Settings
 from infra.kafka import group_consumer_config
 from infra.security import redact

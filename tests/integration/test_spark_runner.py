@@ -10,7 +10,8 @@ import pytest
 from confluent_kafka import Producer
 
 from contracts.backends import BackendKind
-from contracts.messages import MetricReport, RescaleCommand, RunnerReport, RunnerStatus
+from contracts.decisions import RescaleCommand, RunnerReport, RunnerStatus
+from contracts.messages import MetricReport
 from contracts.settings import Settings, Topics
 from execute.runner import Runner, RunnerConfig, RunnerState
 from infra.kafka import TopicReader, ensure_topic

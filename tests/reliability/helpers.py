@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from contracts.messages import EventType, MetricReport, RescaleCommand, ScalingDecision, ScalingEvent, SourceMetrics
+from contracts.decisions import EventType, RescaleCommand, ScalingDecision, ScalingEvent
+from contracts.messages import MetricReport, SourceMetrics
 from contracts.settings import Settings
 from infra.kafka import ensure_topics, kafka_client_config
 from knowledge import RedisKnowledge

@@ -18,15 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts.messages import (
-    Action,
-    DecisionReason,
-    EventType,
-    MetricReport,
-    RunnerReport,
-    RunnerStatus,
-    ScalingDecision,
-)
+from contracts.decisions import Action, DecisionReason, EventType, RunnerReport, RunnerStatus, ScalingDecision
+from contracts.messages import MetricReport
 from contracts.settings import Settings
 from infra.kafka import ensure_topic
 from stack.processes import free_port, stop_pid

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from contracts.messages import Analysis, ScalingDecision
+from contracts.analyses import Analysis
+from contracts.decisions import ScalingDecision
 from contracts.settings import Settings, settings_env
 from infra.kafka import ensure_topics
 from stack.processes import free_port, spawn, stop_pid

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from evaluation.testbed import ModelTestbed, scaling_truths
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from evaluation.jobmodel import JobModel, Operator
-from evaluation.testbed import ModelTestbed, scaling_truths
 from plan.capacity.explore import explore, measure_mst, recommend
 from plan.capacity.mst import SENSIBILITY, SUCCESS_SHARE, Batch, Dichotomy, Step, step_from_batches
 from plan.capacity.scaling import BY_NAME, Fit, fit_all, select
+
+from evaluation.jobmodel import JobModel, Operator
 
 
 class Threshold:
@@ -198,9 +198,8 @@ def test_the_explorer_stops_when_the_testbed_budget_is_spent() -> None:
 
 def test_the_command_writes_a_report_and_a_plot_and_refuses_what_it_cannot_answer(tmp_path: Path) -> None:
     import typer
-    from typer.testing import CliRunner
-
     from evaluation.capacity_cli import capacity_app
+    from typer.testing import CliRunner
 
     cli = typer.Typer()
     cli.add_typer(capacity_app, name="capacity")  # as `autoscaler capacity plan`
@@ -247,8 +246,8 @@ def test_a_planned_capacity_alone_sizes_a_new_job_and_measurements_outweigh_it()
 
 
 def test_the_planner_plans_a_new_jobs_first_step_from_its_planned_capacity() -> None:
+    from contracts.analyses import Analysis
     from contracts.jobs import JobConfig
-    from contracts.messages import Analysis
     from contracts.plan_state import PlanState
     from plan.level import update
     from plan.policies.default import CostPlanner, PlannerMemory

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contracts.analyses import Analysis
+from contracts.decisions import Action
 from contracts.jobs import ConfigError, JobConfig, parse_assignments, validate_overrides
-from contracts.messages import Action, Analysis
 from contracts.periods import PeriodError, excluded_at, parse_periods
 from contracts.plan_state import Downtimes, PlanState, expected_restart_time
 from contracts.settings import Settings

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contracts.analyses import Analysis, ForecastView
 from contracts.backends import DEFAULT_RAMP_S, BackendKind, planned_costs
+from contracts.decisions import Action
 from contracts.jobs import JobConfig, Mode
-from contracts.messages import Action, Analysis, ForecastView
 from contracts.plan_state import Downtimes, PlanState
 from evaluation.model_files import demo_model
 from evaluation.simulator import PolicyRun, PolicyRunner, rate_factors, simulate

@@ -66,7 +66,8 @@ def test_load_entry_point() -> None:
 
 def test_the_demo_summary_counts_actions_slot_seconds_and_exactly_once() -> None:
     from agent.demo import demo_summary
-    from contracts.messages import Analysis, EventType, ScalingEvent
+    from contracts.analyses import Analysis
+    from contracts.decisions import EventType, ScalingEvent
     from stack.live import LiveRun
 
     run = LiveRun(started=1000.0)

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from contracts.analyses import Analysis, OperatorAnalysis
+from contracts.decisions import Action
 from contracts.jobs import JobConfig
-from contracts.messages import Action, Analysis, OperatorAnalysis
 from evaluation.jobmodel import JobModel, JobState, Operator, advance
 from plan.ds2 import operator_targets, plan_ds2
 from plan.step import to_decision

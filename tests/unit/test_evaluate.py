@@ -264,7 +264,8 @@ def test_noise_is_reproducible() -> None:
 
 
 def test_live_runs_are_measured_as_simulated_ones() -> None:
-    from contracts.messages import Analysis, EventType, ScalingEvent
+    from contracts.analyses import Analysis
+    from contracts.decisions import EventType, ScalingEvent
     from evaluation.live import live_measures
     from stack.live import LiveRun
 
@@ -289,7 +290,7 @@ def test_live_runs_are_measured_as_simulated_ones() -> None:
     run.load_summary = {"began_at": 6.5}
     assert live_measures(run, backlog_target_s=60.0)["start_s"] == -6.5
     # Every decision is kept, holds too, on the load's clock (the simulator's), with its numbers.
-    from contracts.messages import Action, DecisionReason, ScalingDecision
+    from contracts.decisions import Action, DecisionReason, ScalingDecision
     run.decisions = [ScalingDecision(job_id="j", window_end=end, action=action, from_parallelism=1, to_parallelism=to,
                                      policy="default", target_utilization=0.8, closed_at=end,
                                      reason=DecisionReason(code=code, rule="default", message=code,

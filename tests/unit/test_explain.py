@@ -7,8 +7,8 @@ from typing import Any
 from rich.console import Console
 
 from agent.explain import decision_table, is_suppression, summary
+from contracts.analyses import Analysis
 from contracts.jobs import JobConfig
-from contracts.messages import Analysis
 from contracts.plan_state import PlanState
 from plan.policies.default import CostPlanner
 from plan.step import to_decision

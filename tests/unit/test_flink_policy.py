@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contracts.analyses import Analysis
 from contracts.jobs import JobConfig
-from contracts.messages import Analysis
 from evaluation.jobmodel import EPOCH, JobModel, Operator
 from evaluation.simulator import PolicyRunner, simulate
 from evaluation.traces import Trace

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from contracts.decisions import Action
 from contracts.jobs import JobConfig
-from contracts.messages import Action
 from contracts.plan_state import PlanState
 from plan.policies.reactive import ReactivePolicy
 from plan.step import decide

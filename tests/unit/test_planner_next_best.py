@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from contracts.analyses import Analysis
 from contracts.jobs import JobConfig
-from contracts.messages import Analysis
 from contracts.plan_state import Downtimes, PlanState
 from plan.capacity_estimate import Measured, SlotStats
 from plan.cost_plan import PlanProblem, solve, solve_with_next

@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 from analyze.forecast import ForecastState, abandon_retrain
 from analyze.learning import Learned, learn, new_learned, scaling_curve
 from analyze.true_rates import analyze_window
+from contracts.analyses import Analysis, CapacityView, ForecastView, RecoveryView
+from contracts.decisions import Action
 from contracts.jobs import JobConfig
-from contracts.messages import Action, Analysis, CapacityView, ForecastView, MetricWindow, RecoveryView, SourceWindow
+from contracts.messages import MetricWindow, SourceWindow
 from contracts.plan_state import Downtimes, PendingRecovery, PlanState
 from plan.policies.daedalus import DaedalusPolicy
 from plan.policies.hybrid import HybridPolicy

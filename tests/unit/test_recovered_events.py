@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from contracts.messages import EventType, RecoveryView, ScalingEvent
+from contracts.analyses import RecoveryView
+from contracts.decisions import EventType, ScalingEvent
 from contracts.plan_state import PlanState
 from contracts.settings import Settings
 from execute.agent import ExecuteAgent

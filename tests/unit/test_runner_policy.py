@@ -5,7 +5,7 @@ import json
 import pytest
 
 from contracts.backends import ActionCost, restart_cost
-from contracts.messages import RescaleCommand, RunnerReport, RunnerStatus
+from contracts.decisions import RescaleCommand, RunnerReport, RunnerStatus
 from contracts.plan_state import Downtimes
 from execute.backend import RunnerFatal, StartError, rescale_with_rollback
 from execute.runner import APPLIED_KEPT, RunnerState, Verdict, partial_note

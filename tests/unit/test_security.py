@@ -16,7 +16,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from contracts.messages import RescaleCommand, RunnerReport, RunnerStatus
+from contracts.decisions import RescaleCommand, RunnerReport, RunnerStatus
 from contracts.settings import Settings, settings_env
 from infra.kafka import group_consumer_config, kafka_client_config
 from infra.security import (

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.messages import Action, DecisionReason, EventType, ScalingDecision, ScalingEvent
+from contracts.decisions import Action, DecisionReason, EventType, ScalingDecision, ScalingEvent
 from execute.agent import event_id
 from infra.subscribe import Once, SeenIds
 
