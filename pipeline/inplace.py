@@ -34,8 +34,8 @@ from contracts.backends import DEFAULT_DOWN_PAUSE_S, DEFAULT_RAMP_S, ActionCost,
 from contracts.plan_state import Downtimes
 from execute.backend import BackendOutcome, StartError
 from pipeline.job import BuildFunction
-from pipeline.kafka_source import clear_pause, pause_between_batches, write_share
 from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
+from pipeline.source_control import clear_pause, pause_between_batches, write_share
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -29,9 +29,9 @@ from infra.kafka import JobKafka
 from infra.security import check_entry_point
 from pipeline import offsets as off
 from pipeline.job import BuildFunction, JobContext, load_entry_point
-from pipeline.kafka_source import clear_pause, stop_between_batches
 from pipeline.metrics import sample_from_progress
 from pipeline.reporter import MetricsReporter, OutputCounter, attach_reporter
+from pipeline.source_control import clear_pause, stop_between_batches
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

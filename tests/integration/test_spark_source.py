@@ -11,10 +11,11 @@ import pytest
 
 from contracts.messages import MetricReport
 from infra.kafka import TopicReader
-from pipeline.kafka_source import clear_pause, read_kafka_stream, stop_between_batches
+from pipeline.kafka_source import read_kafka_stream
 from pipeline.loadgen import Constant, generate_load
 from pipeline.reporter import attach_reporter
 from pipeline.session import build_session
+from pipeline.source_control import clear_pause, stop_between_batches
 from stack.processes import Service
 from tests.integration.spark_helpers import bootstrap_of, broker, produce_demo_records
 

@@ -5,7 +5,8 @@ import pytest
 
 from pipeline.demo import MAX_IDS_PER_RECORD, SinkProgress, batch_limit, output_records, wait_per_record
 from pipeline.job import load_entry_point
-from pipeline.kafka_source import SourceOptions, pause_ack_path
+from pipeline.kafka_source import SourceOptions
+from pipeline.source_control import pause_ack_path
 
 
 def test_output_records_one_per_key_sorted() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import typer
+from evaluation.job_models import demo_model
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -16,13 +17,12 @@ from bench.backends_sim import compare
 from contracts.backends import BackendKind, backend_in_use, in_place_cost
 from contracts.jobs import JobConfig
 from contracts.plan_state import Downtimes
-from evaluation.job_models import demo_model
 from evaluation.simulator import PolicyRunner, simulate
 from evaluation.traces import Trace
 from knowledge.memory import run_now
 from pipeline.inplace import InPlaceExecutors, NotInPlace, can_change_in_place, executors_to_remove
-from pipeline.kafka_source import read_share, write_share
 from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
+from pipeline.source_control import read_share, write_share
 from plan.policies.default import CostPlanner
 
 
