@@ -37,6 +37,7 @@ COPY execute/ execute/
 COPY pipeline/ pipeline/
 COPY stack/ stack/
 COPY evaluation/ evaluation/
+COPY capacity/ capacity/
 COPY agent/ agent/
 COPY bench/ bench/
 # The dependencies (with the spark extra) are in already; pip check proves none is missing.

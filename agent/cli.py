@@ -51,7 +51,7 @@ def _mount_evaluation() -> None:
 
 
 def _mount_capacity() -> None:
-    from evaluation.capacity_cli import capacity_app
+    from capacity.cli import capacity_app
 
     app.add_typer(capacity_app, name="capacity")
 

@@ -148,7 +148,7 @@ def print_convergence(console: Console, rows: list[dict[str, Any]]) -> None:
 
 def print_held_out(console: Console, title: str, rows: list[dict[str, Any]], size: str = "slots") -> None:
     """Capacities predicted from the smallest configurations against what was measured at the others
-    (`plan.capacity.explore.from_smallest`, `evaluation.calibrate.unseen_capacities`): one table."""
+    (`capacity.explore.from_smallest`, `evaluation.calibrate.unseen_capacities`): one table."""
     if not rows:
         return
     table = Table(title=title, title_justify="left")

@@ -4,7 +4,7 @@ measured and, before it ran, from its planned capacity.
 DS2's true rates (Kalavri et al., OSDI 2018) measured at each parallelism the job ran at, averaged per
 parallelism (`Measured`), extrapolated to the others along a power law fitted through them (slots never
 add more than linearly; Daedalus, Pfister et al. 2024, regresses capacity on parallelism the same way),
-taken at a lower quantile so that a plan errs on the safe side. A StreamBed plan (`plan.capacity`) is
+taken at a lower quantile so that a plan errs on the safe side. A StreamBed plan (`capacity`) is
 one more estimate, weighted by its error. Welford statistics of the per-slot rate (`SlotStats`) give
 the noise the quantile uses.
 """
@@ -98,7 +98,7 @@ def capacities(known: dict[str, Measured], max_parallelism: int, noise_cv: float
     the pooled estimate less z times its error. The window-to-window noise itself is left out: the backlog sums it over
     the many windows it takes to fill the target, where it averages away; the error of the mean
     does not.
-    A `planned` capacity (StreamBed's plan, made before the job ran: `plan.capacity`) is one more
+    A `planned` capacity (StreamBed's plan, made before the job ran: `capacity`) is one more
     estimate at each p it names, of relative error `planned_error`: alone it sizes a new job's first
     decision; measured windows outweigh it as they accumulate."""
     points = sorted((int(p), m) for p, m in known.items() if m.capacity > 0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from evaluation.live_testbed import OVERLOAD, LiveTestbed
+from capacity.live_testbed import OVERLOAD, LiveTestbed
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.live_profiles import ClusterProfileTestbed
+from capacity.cluster_testbed import ClusterProfileTestbed
+from capacity.profiles import Profile
 from pipeline.session import executor_conf
-from plan.capacity.profiles import Profile
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 

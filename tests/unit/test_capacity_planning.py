@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from evaluation.testbed import ModelTestbed, scaling_truths
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from plan.capacity.explore import explore, measure_mst, recommend
-from plan.capacity.mst import SENSIBILITY, SUCCESS_SHARE, Batch, Dichotomy, Step, step_from_batches
-from plan.capacity.scaling import BY_NAME, Fit, fit_all, select
 
+from capacity.explore import explore, measure_mst, recommend
+from capacity.mst import SENSIBILITY, SUCCESS_SHARE, Batch, Dichotomy, Step, step_from_batches
+from capacity.scaling import BY_NAME, Fit, fit_all, select
+from capacity.testbed import ModelTestbed, scaling_truths
 from evaluation.jobmodel import JobModel, Operator
 
 
@@ -198,8 +198,9 @@ def test_the_explorer_stops_when_the_testbed_budget_is_spent() -> None:
 
 def test_the_command_writes_a_report_and_a_plot_and_refuses_what_it_cannot_answer(tmp_path: Path) -> None:
     import typer
-    from evaluation.capacity_cli import capacity_app
     from typer.testing import CliRunner
+
+    from capacity.cli import capacity_app
 
     cli = typer.Typer()
     cli.add_typer(capacity_app, name="capacity")  # as `autoscaler capacity plan`

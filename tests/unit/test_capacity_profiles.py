@@ -10,9 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evaluation.profile_plan import MEMORY_GB, profile_plan
-from evaluation.testbed import ProfileTruth, profile_truths
-from plan.capacity.profiles import (
+from capacity.model_profiles import MEMORY_GB, profile_plan
+from capacity.profiles import (
     HEADROOM,
     Profile,
     ProfileModel,
@@ -22,6 +21,7 @@ from plan.capacity.profiles import (
     fixed_sampling,
     slot_curve,
 )
+from capacity.testbed import ProfileTruth, profile_truths
 
 MEMORY = [0.5 * i for i in range(1, 17)]
 
@@ -152,7 +152,7 @@ def test_the_profiles_command_writes_a_report_and_a_plot_and_refuses_bad_input(t
     import typer
     from typer.testing import CliRunner
 
-    from evaluation.capacity_cli import capacity_app
+    from capacity.cli import capacity_app
 
     cli = typer.Typer()
     cli.add_typer(capacity_app, name="capacity")
@@ -192,7 +192,7 @@ def test_a_profile_that_never_stabilises_is_reported_stepped_over_and_never_fitt
 
 
 def test_a_testbed_where_nothing_sustains_gets_a_clear_error_not_a_model() -> None:
-    from evaluation.profile_plan import UnstableTestbed
+    from capacity.model_profiles import UnstableTestbed
 
     # An executor that takes 1e-9 rec/s: the search never finds a sustained rate above its floor.
     with pytest.raises(UnstableTestbed, match="sustained a rate"):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-HEAVY = ("sklearn", "scipy.stats", "pandas", "evaluation.capacity_cli", "evaluation.cli")
+HEAVY = ("sklearn", "scipy.stats", "pandas", "capacity.cli", "evaluation.cli")
 PROBE = """
 import json, sys
 from agent.cli import _mount_commands, command_names

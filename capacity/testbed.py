@@ -13,11 +13,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from capacity.explore import measure_mst
+from capacity.mst import Step
+from capacity.profiles import Profile
 from evaluation.jobmodel import EPOCH, JobModel, JobState, Operator, advance
 from evaluation.simulator import rate_factors
-from plan.capacity.explore import measure_mst
-from plan.capacity.mst import Step
-from plan.capacity.profiles import Profile
 
 WINDOW_S = 10.0
 

@@ -1,4 +1,4 @@
-"""Executor profiles planned on the job model, whose truth is known (QEScalor; `plan.capacity.profiles`).
+"""Executor profiles planned on the job model, whose truth is known (QEScalor; `capacity.profiles`).
 
 `profile_plan` samples a grid of executor profiles on the `ProfileTestbed` (dynamic sampling, or a
 fixed step as QEScalor's baseline), fits the random forest, and plans a rate; beside it, what the truth
@@ -16,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from evaluation.testbed import ProfileTestbed, ProfileTruth
-from plan.capacity.profiles import (
+from capacity.profiles import (
     HEADROOM,
     MAX_EXECUTORS,
     Profile,
@@ -29,6 +28,7 @@ from plan.capacity.profiles import (
     fixed_sampling,
     plan_from_samples,
 )
+from capacity.testbed import ProfileTestbed, ProfileTruth
 
 CORES = (1, 2, 3, 4)
 MEMORY_GB = tuple(0.5 * i for i in range(1, 17))  # 0.5 to 8 GB

@@ -1,6 +1,6 @@
 """`autoscaler capacity plan`: how many slots a job needs for a rate it has never run (StreamBed).
 
-The testbed is the Spark job itself on this machine (`--live`: `evaluation.live_testbed`), or the
+The testbed is the Spark job itself on this machine (`--live`: `capacity.live_testbed`), or the
 evaluation's job model (a job-model file, or one of the built-in jobs whose scaling is known: linear,
 usl, knee), so the plan's accuracy can be checked against the truth at scales this machine cannot run.
 The report: the measurements, every fitted scaling model with its leave-one-out error, what the two
@@ -23,13 +23,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from evaluation.job_models import JobModelError, load_job_model
-from evaluation.live_testbed import LIVE_GROWTH, LIVE_SENSIBILITY, LIVE_START, LiveTestbed
-from evaluation.planned_seed import not_registered, require_registered, seed_planned
-from evaluation.profile_cli import profiles_command
-from evaluation.report import print_held_out, save_figure
-from evaluation.testbed import ModelTestbed, scaling_truths
-from plan.capacity.explore import (
+from capacity.explore import (
     Answer,
     Exploration,
     Measurement,
@@ -39,7 +33,13 @@ from plan.capacity.explore import (
     plausible,
     recommend,
 )
-from plan.capacity.profiles import MIN_PLANNED_ERROR
+from capacity.live_testbed import LIVE_GROWTH, LIVE_SENSIBILITY, LIVE_START, LiveTestbed
+from capacity.planned_seed import not_registered, require_registered, seed_planned
+from capacity.profile_cli import profiles_command
+from capacity.profiles import MIN_PLANNED_ERROR
+from capacity.testbed import ModelTestbed, scaling_truths
+from evaluation.model_files import JobModelError, load_job_model
+from evaluation.report import print_held_out, save_figure
 
 RESULTS = Path("results")
 capacity_app = typer.Typer(help="Capacity planning before deployment (StreamBed).", no_args_is_help=True)
@@ -74,7 +74,7 @@ def plot_plan(report: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from plan.capacity.scaling import Fit
+    from capacity.scaling import Fit
 
     rows = report["predicted_vs_true"]
     top = max(r["slots"] for r in rows)
@@ -267,7 +267,7 @@ def print_plan(console: Console, report: dict[str, Any]) -> None:
     models = Table(title="scaling models, chosen first", title_justify="left")
     for column in ("model", "leave-one-out error", "at 16", "at 32", "at 64"):
         models.add_column(column, justify="right")
-    from plan.capacity.scaling import Fit
+    from capacity.scaling import Fit
 
     for fitted in report["models"]:
         fit = Fit(fitted["name"], tuple(fitted["params"]), fitted["loo_error"])

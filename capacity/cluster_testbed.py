@@ -6,7 +6,7 @@ on a cluster. `ClusterProfileTestbed.measure(profile)` runs the job (the demo jo
 own broker with `spark.cores.max` = the profile's cores and `spark.executor.cores` /
 `spark.executor.memory` from the profile, so the application holds exactly one executor of that size;
 it warms it up, then finds its maximum sustainable throughput with the live dichotomy
-(`LiveTestbed`, `measure_mst`). It answers `plan.capacity.profiles.dynamic_sampling`'s `measure`.
+(`LiveTestbed`, `measure_mst`). It answers `capacity.profiles.dynamic_sampling`'s `measure`.
 Nothing of the truth is known.
 """
 
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from evaluation.live_testbed import LIVE_GROWTH, LIVE_SENSIBILITY, LIVE_START, LiveTestbed
+from capacity.explore import Measurement, measure_mst
+from capacity.live_testbed import LIVE_GROWTH, LIVE_SENSIBILITY, LIVE_START, LiveTestbed
+from capacity.profiles import Profile
 from pipeline.session import executor_conf
-from plan.capacity.explore import Measurement, measure_mst
-from plan.capacity.profiles import Profile
 from stack.cluster import StandaloneCluster, start_cluster
 
 

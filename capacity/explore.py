@@ -28,8 +28,8 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
 
-from plan.capacity.mst import SENSIBILITY, Dichotomy, Step
-from plan.capacity.scaling import BY_NAME, Fit, fit_all, fit_curve
+from capacity.mst import SENSIBILITY, Dichotomy, Step
+from capacity.scaling import BY_NAME, Fit, fit_all, fit_curve
 
 HEADROOM = 1.10  # StreamBed's over-provisioning: plan for 110 % of the requested rate
 MIN_AFTER_CORNERS = 3

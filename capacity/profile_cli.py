@@ -19,12 +19,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from evaluation.planned_seed import require_registered, seed_planned
-from evaluation.profile_plan import CORE_PRICE, GB_PRICE, UnstableTestbed, parse_sampling, plan_of, profile_plan
+from capacity.model_profiles import CORE_PRICE, GB_PRICE, UnstableTestbed, parse_sampling, plan_of, profile_plan
+from capacity.planned_seed import require_registered, seed_planned
+from capacity.profiles import MAX_EXECUTORS, slot_curve
+from capacity.testbed import profile_truths
 from evaluation.report import save_figure
-from evaluation.testbed import profile_truths
 from pipeline.session import executor_conf
-from plan.capacity.profiles import MAX_EXECUTORS, slot_curve
 
 RESULTS = Path("results")
 

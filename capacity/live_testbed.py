@@ -10,7 +10,7 @@ own, with the project's load generator injecting a rate it changes between steps
   run(s, r)     the job at `s` slots (restarted from its checkpoint when `s` changes, then given
                 RESTART_SETTLE_S more), `r` records/s injected; after `settle_s`, the step is
                 measured between micro-batch starts for at least `measure_s`
-                (`plan.capacity.mst.step_from_batches`: a window that cuts batches would be off by
+                (`capacity.mst.step_from_batches`: a window that cuts batches would be off by
                 up to one batch).
 
 A step after a failed one starts with a backlog: below the MST the job drains it (admitting more than
@@ -30,10 +30,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from capacity.mst import MIN_BATCHES, Batch, Step, step_from_batches
 from evaluation.calibrate import background_load, job_config, own_broker
 from pipeline.metrics import sample_from_progress
 from pipeline.restart import RestartFromCheckpoint
-from plan.capacity.mst import MIN_BATCHES, Batch, Step, step_from_batches
 
 log = logging.getLogger(__name__)
 OVERLOAD = 4.0  # the warm-up's overload, times its low rate

@@ -1,1 +1,0 @@
-"""Capacity planning before deployment: StreamBed's MST search, scaling models and resource explorer."""
