@@ -17,6 +17,7 @@ import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
+from enum import StrEnum
 from functools import cache
 from typing import Any, Literal
 
@@ -30,6 +31,31 @@ DOWNTIMES_KEPT = 10
 # A scale-in restarts in about half a scale-out's time (no new resources to start): Daedalus's priors
 # are 30 s out and 15 s in (3.4); live, the Spark job's took 7.4-17.3 s in against 16.3-25.4 s out.
 DOWN_TO_UP = 0.5
+
+
+class Direction(StrEnum):
+    """Which way a rescale goes; its value ("up", "down") is how it is stored and names the
+    `Downtimes` list it is measured in. A plain "up" or "down" is accepted wherever one is taken."""
+
+    UP = "up"
+    DOWN = "down"
+
+    @classmethod
+    def of(cls, before: int, after: int) -> Direction:
+        """The direction of a change from `before` to `after` parallelism: up when it grows, else down."""
+        return cls.UP if after > before else cls.DOWN
+
+    @classmethod
+    def parse(cls, value: str) -> Direction:
+        """`value` as a direction; ValueError for anything but "up" or "down"."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"direction must be 'up' or 'down', got {value!r}") from None
+
+    @property
+    def other(self) -> Direction:
+        return Direction.DOWN if self is Direction.UP else Direction.UP
 
 
 class _Part(BaseModel):
@@ -49,7 +75,7 @@ class Downtimes(_Part):
     up: list[float] = Field(default_factory=list)
     down: list[float] = Field(default_factory=list)
 
-    def expected(self, direction: Literal["up", "down"], default_s: float, cap_s: float = math.inf,
+    def expected(self, direction: Direction, default_s: float, cap_s: float = math.inf,
                  recent: int = 5) -> float:
         """The downtime to expect for a rescale in `direction`: the longest of the `recent` last
         measured ones in that direction, capped at `cap_s`; `default_s` until one is measured.
@@ -57,23 +83,21 @@ class Downtimes(_Part):
         The maximum, not the median: a recovery prediction is a worst case on purpose (as Daedalus
         replays a full checkpoint interval), and a restart is rarely faster than the last slow one.
         The window of `recent` measurements lets one slow outlier age out; `cap_s` bounds it meanwhile."""
-        if direction not in ("up", "down"):
-            raise ValueError(f"direction must be 'up' or 'down', got {direction!r}")
+        direction = Direction.parse(direction)
         if recent < 1:
             raise ValueError(f"recent must be >= 1, got {recent!r}")
-        measured = [d for d in getattr(self, direction) if math.isfinite(d) and d >= 0][-recent:]
+        measured = [d for d in self.measured(direction) if math.isfinite(d) and d >= 0][-recent:]
         return expected_restart_time(measured, default_s, cap_s)
 
-    def typical(self, direction: Literal["up", "down"], default_s: float, recent: int = 5) -> float:
+    def typical(self, direction: Direction, default_s: float, recent: int = 5) -> float:
         """The restart a prediction of what will be observed expects: the median of the `recent` last
         measured ones in `direction`; else the other direction's, scaled by DOWN_TO_UP (a scale-in's is
         about half a scale-out's); else `default_s` for a scale-out and DOWN_TO_UP of it for a scale-in."""
-        if direction not in ("up", "down"):
-            raise ValueError(f"direction must be 'up' or 'down', got {direction!r}")
-        other = "down" if direction == "up" else "up"
-        scale = {"up": 1.0, "down": DOWN_TO_UP}  # each direction's restart, relative to a scale-out's
-        for side in (direction, other):
-            measured = [d for d in getattr(self, side)[-recent:] if math.isfinite(d) and d >= 0]
+        direction = Direction.parse(direction)
+        # Each direction's restart, relative to a scale-out's.
+        scale = {Direction.UP: 1.0, Direction.DOWN: DOWN_TO_UP}
+        for side in (direction, direction.other):
+            measured = [d for d in self.measured(side)[-recent:] if math.isfinite(d) and d >= 0]
             if measured:
                 return statistics.median(measured) * scale[direction] / scale[side]
         return default_s * scale[direction]
@@ -84,9 +108,14 @@ class Downtimes(_Part):
         measured = [*self.up, *self.down]
         return expected_restart_time(measured, default_s, cap_s) if measured else None
 
-    def add(self, direction: Literal["up", "down"], downtime_s: float) -> Downtimes:
-        kept = [*getattr(self, direction), float(downtime_s)][-DOWNTIMES_KEPT:]
-        return self.model_copy(update={direction: kept})
+    def measured(self, direction: Direction) -> list[float]:
+        """The measured restarts in `direction`, oldest first."""
+        return self.up if Direction.parse(direction) is Direction.UP else self.down
+
+    def add(self, direction: Direction, downtime_s: float) -> Downtimes:
+        direction = Direction.parse(direction)
+        kept = [*self.measured(direction), float(downtime_s)][-DOWNTIMES_KEPT:]
+        return self.model_copy(update={direction.value: kept})
 
 
 class RateSample(_Part):
@@ -165,7 +194,7 @@ class PlanState(BaseModel):
                                        for name, value in changes.items()})
 
     def after_rescale(self, running: int, completed_at: float, downtime_s: float | None,
-                      direction: Literal["up", "down"] | None, backend: str | None = None) -> PlanState:
+                      direction: Direction | None, backend: str | None = None) -> PlanState:
         """What execute records when the runner reports the end of a rescale: the parallelism that
         runs, the stale windows to drop, when it ended, for a completed rescale its downtime, and how
         the runner changed the job (`backend`, when it said)."""

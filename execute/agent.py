@@ -1,37 +1,42 @@
 """Execute: apply decisions once each, one rescale per job at a time, and report their lifecycle.
 
 A decision becomes a rescale command to the job's runner under a per-job lock with a fencing
-token; the runner's report (or a timeout) completes or fails it and frees the lock.
+token; the runner's report (or a timeout) completes or fails it and frees the lock. What to do is
+decided by the pure steps of `execute.kernel`; this agent is their shell: it reads what a step takes
+from the knowledge base, calls it, and performs the step's effects in their order (the kernel's
+docstring says why that order survives a crash between any two of them).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
+from collections.abc import Iterable
 
 from contracts import metrics
-from contracts.decisions import (
-    Action,
-    EventType,
-    RescaleCommand,
-    RunnerReport,
-    RunnerStatus,
-    ScalingDecision,
-    ScalingEvent,
-)
+from contracts.decisions import RunnerReport, RunnerStatus, ScalingDecision, ScalingEvent
 from contracts.settings import Settings
 from contracts.stage import Incoming, Publish, Subscription, Timer
-from knowledge import Knowledge
+from execute import kernel
+from execute.kernel import (
+    AcquireLock,
+    Effect,
+    Emit,
+    FinishRescale,
+    MarkDecisionDone,
+    RecordRescaleEnd,
+    ReleaseLock,
+    TrackRescale,
+    event_id,
+)
+from execute.kernel import Publish as PublishMessage
+from knowledge.protocols import ExecuteKnowledge
 
 log = logging.getLogger("autoscaler.execute")
 
 OVERDUE_CHECK_S = 1.0
 
-
-def event_id(decision_id: str, step: str, code: str | None = None) -> str:
-    """The same id for the same step of the same decision, so subscribers can drop a repeat."""
-    return uuid.uuid5(uuid.NAMESPACE_URL, f"autoscaler:{decision_id}:{step}:{code or ''}").hex
+__all__ = ["OVERDUE_CHECK_S", "ExecuteAgent", "event_id"]
 
 
 class ExecuteAgent:
@@ -40,7 +45,7 @@ class ExecuteAgent:
     name = "execute"
     publishes = ("commands", "scaling_events")
 
-    def __init__(self, settings: Settings, knowledge: Knowledge, publish: Publish):
+    def __init__(self, settings: Settings, knowledge: ExecuteKnowledge, publish: Publish):
         self.settings = settings
         self.knowledge = knowledge
         self.publish = publish
@@ -66,6 +71,79 @@ class ExecuteAgent:
         for record in records:
             await self.on_report(record.value or b"")
 
+    # ---------------------------------------------------------------- the steps, with their reads
+
+    async def apply(self, value: bytes) -> None:
+        """Execute a decision. Safe to repeat: a redelivered decision (a worker died mid-way) finishes
+        the same execution, under the same fencing token, and is never executed a second time."""
+        decision = ScalingDecision.model_validate_json(value)
+        job, timeout = decision.job_id, self.settings.rescale_timeout_s
+        done = await self.knowledge.decision_done(job, decision.decision_id)
+        holder = None if done else await self.knowledge.lock_holder(job)
+        step = kernel.on_decision(decision, done=done, holder=holder, ttl_s=timeout, now=time.time())
+        if step.ignored:
+            log.info("%s: %s", job, step.ignored)
+        await self.perform(step.effects)
+        if step.lock is None:
+            return
+        if isinstance(step.lock, AcquireLock):
+            token = await self.acquire(step.lock)
+            holder = await self.knowledge.lock_holder(job) if token is None else None  # for `skipped`
+        else:
+            token, holder = step.lock.token, None
+        tracked = await self.knowledge.inflight(job) if token is not None else None
+        await self.perform(kernel.on_lock(decision, token=token, holder=holder, tracked=tracked,
+                                          timeout_s=timeout, now=time.time()).effects)
+
+    async def on_report(self, value: bytes) -> None:
+        """End the rescale a runner's report answers (see `kernel.on_report`)."""
+        report = RunnerReport.model_validate_json(value)
+        started = report.status is RunnerStatus.STARTED  # nothing to end: no read
+        tracked = None if started else await self.knowledge.inflight(report.job_id)
+        step = kernel.on_report(report, tracked=tracked, now=time.time())
+        if step.ignored:
+            log.warning("%s: %s", report.job_id, step.ignored)
+        await self.perform(step.effects)
+
+    async def fail_overdue(self) -> None:
+        """Fail the rescales past their deadline that this worker claims (exactly one worker claims each)."""
+        now = time.time()
+        for job in await self.knowledge.overdue_rescales(now):
+            if not await self.knowledge.claim_overdue(job):
+                continue
+            tracked = await self.knowledge.inflight(job)
+            await self.perform(kernel.on_overdue(job, tracked=tracked, timeout_s=self.settings.rescale_timeout_s,
+                                                 now=time.time()).effects)
+
+    # ---------------------------------------------------------------- the effects
+
+    async def perform(self, effects: Iterable[Effect]) -> None:
+        """Perform the effects in order; the first that raises stops the rest (the message is redelivered)."""
+        for effect in effects:
+            await self.perform_one(effect)
+
+    async def perform_one(self, effect: Effect) -> None:
+        match effect:
+            case Emit(event):
+                await self.emit(event)
+            case PublishMessage(topic, key, value):
+                await self.publish(topic, key, value)
+            case TrackRescale(job, rescale):
+                await self.knowledge.track_rescale(job, rescale)
+            case RecordRescaleEnd(job, running, completed_at, downtime_s, direction, backend):
+                await self.knowledge.record_rescale_end(job, running, completed_at, downtime_s, direction, backend)
+            case FinishRescale(job):
+                await self.knowledge.finish_rescale(job)
+            case ReleaseLock(job, token, decision_id):
+                await self.knowledge.release_lock(job, token, decision_id)
+            case MarkDecisionDone(job, decision_id):
+                await self.knowledge.mark_decision_done(job, decision_id)
+            case _:
+                raise TypeError(f"not an effect execute performs: {effect!r}")
+
+    async def acquire(self, lock: AcquireLock) -> int | None:
+        return await self.knowledge.acquire_lock(lock.job_id, lock.decision_id, lock.ttl_s)
+
     async def emit(self, event: ScalingEvent) -> None:
         """Publish an event once per decision and step; after a crash it may go out again, same id."""
         if await self.knowledge.event_published(event.job_id, event.event_id):
@@ -76,117 +154,3 @@ class ExecuteAgent:
         log.info("%s: %s %s %d -> %d%s", event.job_id, event.decision_id[:8], event.type.value,
                  event.from_parallelism, event.to_parallelism,
                  f" ({event.detail or event.error})" if event.detail or event.error else "")
-
-    async def apply(self, value: bytes) -> None:
-        """Every step is safe to repeat: a redelivered decision (a worker died mid-way) finishes the
-        same execution, under the same fencing token, and is never executed a second time."""
-        decision = ScalingDecision.model_validate_json(value)
-        job = decision.job_id
-        if await self.knowledge.decision_done(job, decision.decision_id):
-            log.info("%s: decision %s already executed; ignoring the redelivery", job, decision.decision_id)
-            return
-        for notice in decision.notices:
-            # Findings of plan (an ineffective scale-up, the quota binding) reach subscribers as events.
-            # A recovery observed after a rescale is an event of its own, with its numbers; plan attaches
-            # one only after a rescale this stage carried out (none in recommend mode).
-            recovered = notice.code == "recovered"
-            await self.emit(ScalingEvent(
-                event_id=event_id(decision.decision_id, "notice", notice.code),
-                decision_id=decision.decision_id, job_id=job,
-                type=EventType.RECOVERED if recovered else EventType.NOTICE, code=notice.code,
-                from_parallelism=int(notice.numbers.get("from_parallelism") or decision.from_parallelism)
-                if recovered else decision.from_parallelism,
-                to_parallelism=int(notice.numbers.get("to_parallelism") or decision.to_parallelism)
-                if recovered else decision.to_parallelism,
-                detail=notice.message, numbers=notice.numbers if recovered else {},
-            ))
-        if decision.action is not Action.NONE and decision.mode == "auto":
-            await self.rescale(decision)
-        elif not decision.notices:
-            return  # nothing was done, so nothing can be done twice: no marker to keep
-        await self.knowledge.mark_decision_done(job, decision.decision_id)
-
-    async def rescale(self, decision: ScalingDecision) -> None:
-        job = decision.job_id
-        holder = await self.knowledge.lock_holder(job)
-        if holder is not None and holder[1] == decision.decision_id:
-            token: int | None = holder[0]  # this decision's own rescale, begun before a crash
-        else:
-            token = await self.knowledge.acquire_lock(job, decision.decision_id, self.settings.rescale_timeout_s)
-        if token is None:
-            holder = await self.knowledge.lock_holder(job)
-            # Superseded rather than queued: plan decides again from fresh metrics once the running
-            # rescale is over, so an old decision must not run after it.
-            await self.emit(ScalingEvent(
-                event_id=event_id(decision.decision_id, "skipped"),
-                decision_id=decision.decision_id, job_id=job, type=EventType.SKIPPED, code="superseded",
-                from_parallelism=decision.from_parallelism, to_parallelism=decision.to_parallelism,
-                detail=f"superseded: rescale {holder[1] if holder else '?'} of this job is still running",
-            ))
-            return
-        tracked = await self.knowledge.inflight(job)
-        if tracked is None or tracked[0]["decision_id"] != decision.decision_id:
-            deadline = time.time() + self.settings.rescale_timeout_s
-            await self.knowledge.track_rescale(job, decision.model_dump(mode="json"), token, deadline)
-        command = RescaleCommand(
-            decision_id=decision.decision_id, job_id=job, to_parallelism=decision.to_parallelism,
-            fencing_token=token,
-        )
-        # The runner applies a decision id once, so a command sent again after a crash is harmless.
-        await self.publish("commands", job, command.to_bytes())
-        await self.emit(ScalingEvent(
-            event_id=event_id(decision.decision_id, "started"),
-            decision_id=decision.decision_id, job_id=job, type=EventType.STARTED,
-            from_parallelism=decision.from_parallelism, to_parallelism=decision.to_parallelism,
-            detail=decision.reason.message,
-        ))
-
-    async def finish(self, job: str, decision_id: str, token: int) -> None:
-        await self.knowledge.finish_rescale(job)
-        await self.knowledge.release_lock(job, token, decision_id)
-
-    async def on_report(self, value: bytes) -> None:
-        report = RunnerReport.model_validate_json(value)
-        if report.status is RunnerStatus.STARTED:
-            return
-        job = report.job_id
-        tracked = await self.knowledge.inflight(job)
-        if tracked is None or tracked[0]["decision_id"] != report.decision_id:
-            log.warning("%s: runner report for %s matches no rescale in flight; ignored", job, report.decision_id)
-            return
-        decision, token = tracked
-        completed = report.status is RunnerStatus.COMPLETED
-        # The parallelism that runs, the stale windows to drop, and the measured restart.
-        up = report.to_parallelism > report.from_parallelism
-        await self.knowledge.record_rescale_end(
-            job, report.running_parallelism, report.timestamp,
-            report.downtime_s if completed else None, "up" if up else "down",
-            report.backend.value if report.backend is not None else None,
-        )
-        await self.emit(ScalingEvent(
-            event_id=event_id(report.decision_id, "outcome"),
-            decision_id=report.decision_id, job_id=job,
-            type=EventType.COMPLETED if completed else EventType.FAILED,
-            from_parallelism=decision["from_parallelism"], to_parallelism=decision["to_parallelism"],
-            downtime_s=report.downtime_s, error=report.error, rolled_back_to=report.rolled_back_to,
-            **({"code": "partially_applied", "numbers": {"running_parallelism": report.running_parallelism}}
-               if report.partially_applied else {}),
-        ))
-        await self.finish(job, report.decision_id, token)
-
-    async def fail_overdue(self) -> None:
-        for job in await self.knowledge.overdue_rescales(time.time()):
-            if not await self.knowledge.claim_overdue(job):
-                continue
-            tracked = await self.knowledge.inflight(job)
-            if tracked is None:
-                await self.knowledge.finish_rescale(job)
-                continue
-            decision, token = tracked
-            await self.emit(ScalingEvent(
-                event_id=event_id(decision["decision_id"], "outcome"),
-                decision_id=decision["decision_id"], job_id=job, type=EventType.FAILED,
-                from_parallelism=decision["from_parallelism"], to_parallelism=decision["to_parallelism"],
-                error=f"no answer from the job runner within {self.settings.rescale_timeout_s:.0f} s",
-            ))
-            await self.finish(job, decision["decision_id"], token)

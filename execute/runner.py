@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from contracts.backends import ActionCost
 from contracts.decisions import RescaleCommand, RunnerReport, RunnerStatus, went_part_way
-from contracts.plan_state import Downtimes
+from contracts.plan_state import Direction, Downtimes
 from contracts.settings import Settings, get_settings
 from execute.backend import RunnerFatal, ScalingBackend, StartError
 from execute.commands import CommandConsumer, ReportPublisher
@@ -283,7 +283,7 @@ class Runner:
             self.publisher.publish(report)
             raise
         if outcome.ok and outcome.downtime_s is not None:
-            direction = "up" if outcome.parallelism > running else "down"
+            direction = Direction.of(running, outcome.parallelism)
             self.state.downtimes = self.state.downtimes.add(direction, outcome.downtime_s)
         if outcome.ok:
             log.info("rescaled to %d; downtime %.2f s", outcome.parallelism, outcome.downtime_s or 0.0)

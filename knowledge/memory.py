@@ -13,12 +13,14 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Callable, Coroutine, Iterable
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
+from contracts.execution import InFlight, LockHolder
 from contracts.jobs import JobConfig, validate_overrides
-from contracts.plan_state import PLAN_STATE_VERSION, PlanState
+from contracts.plan_state import PLAN_STATE_VERSION, Direction, PlanState
 from contracts.settings import Settings
 from knowledge.protocols import DECISION_MARKER_TTL_S, HISTORY, REPUBLISH_SCAN, WATERMARKS, Stage
+from knowledge.redis_execution import inflight_fields, load_inflight
 
 T = TypeVar("T")
 
@@ -48,7 +50,7 @@ class MemoryKnowledge:
         self._markers: dict[tuple[str, str], float] = {}  # expiry
         self._fences: defaultdict[str, int] = defaultdict(int)
         self._locks: dict[str, tuple[str, float]] = {}  # "token:decision", expiry
-        self._inflight: dict[str, tuple[str, int]] = {}
+        self._inflight: dict[str, dict[str, str]] = {}  # the stored fields, as Redis keeps them
         self._deadlines: dict[str, float] = {}
         self._allocations: dict[str, int] = {}
         self._counters: defaultdict[str, int] = defaultdict(int)
@@ -183,7 +185,7 @@ class MemoryKnowledge:
 
     async def record_rescale_end(
         self, job_id: str, running: int, completed_at: float, downtime_s: float | None,
-        direction: Literal["up", "down"] | None, backend: str | None = None,
+        direction: Direction | None, backend: str | None = None,
     ) -> PlanState:
         before = await self.plan_state(job_id)
         after = before.after_rescale(running, completed_at, downtime_s, direction, backend)
@@ -222,13 +224,13 @@ class MemoryKnowledge:
         self._locks[job_id] = (f"{token}:{decision_id}", self.clock() + ttl_s)
         return token
 
-    async def lock_holder(self, job_id: str) -> tuple[int, str] | None:
+    async def lock_holder(self, job_id: str) -> LockHolder | None:
         held = self._locks.get(job_id)
         if held is None or not self._live(held[1]):
             self._locks.pop(job_id, None)
             return None
         token, _, decision_id = held[0].partition(":")
-        return int(token), decision_id
+        return LockHolder(int(token), decision_id)
 
     async def release_lock(self, job_id: str, token: int, decision_id: str) -> bool:
         held = self._locks.get(job_id)
@@ -237,13 +239,12 @@ class MemoryKnowledge:
         del self._locks[job_id]
         return True
 
-    async def track_rescale(self, job_id: str, decision: dict[str, Any], token: int, deadline: float) -> None:
-        self._inflight[job_id] = (json.dumps(decision), token)
-        self._deadlines[job_id] = deadline
+    async def track_rescale(self, job_id: str, rescale: InFlight) -> None:
+        self._inflight[job_id] = inflight_fields(rescale)
+        self._deadlines[job_id] = rescale.deadline
 
-    async def inflight(self, job_id: str) -> tuple[dict[str, Any], int] | None:
-        tracked = self._inflight.get(job_id)
-        return None if tracked is None else (json.loads(tracked[0]), tracked[1])
+    async def inflight(self, job_id: str) -> InFlight | None:
+        return load_inflight(self._inflight.get(job_id, {}), self._deadlines.get(job_id))
 
     async def finish_rescale(self, job_id: str) -> None:
         self._inflight.pop(job_id, None)

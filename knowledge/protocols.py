@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Literal, Protocol
 
+from contracts.execution import InFlight, LockHolder
 from contracts.jobs import JobConfig
-from contracts.plan_state import PlanState
+from contracts.plan_state import Direction, PlanState
 
 Stage = Literal["analyze", "plan"]
 
@@ -120,10 +121,10 @@ class PlanStates(Protocol):
 
     async def record_rescale_end(
         self, job_id: str, running: int, completed_at: float, downtime_s: float | None,
-        direction: Literal["up", "down"] | None, backend: str | None = None,
+        direction: Direction | None, backend: str | None = None,
     ) -> PlanState:
         """What execute records when a rescale ends (see `PlanState.after_rescale`), with how the runner
-        changed the job (`backend`) when it said."""
+        changed the job (`backend`) when it said. Only those fields are written: plan's survive."""
         ...
 
 
@@ -152,17 +153,23 @@ class Fencing(Protocol):
         """The lock's fencing token (it grows with every acquisition), or None when it is held."""
         ...
 
-    async def lock_holder(self, job_id: str) -> tuple[int, str] | None: ...
+    async def lock_holder(self, job_id: str) -> LockHolder | None: ...
 
     async def release_lock(self, job_id: str, token: int, decision_id: str) -> bool:
         """Release the lock only if the caller still holds it: a stale holder cannot free a newer lock."""
         ...
 
-    async def track_rescale(self, job_id: str, decision: dict[str, Any], token: int, deadline: float) -> None: ...
+    async def track_rescale(self, job_id: str, rescale: InFlight) -> None:
+        """Keep the job's rescale in flight (replacing any) and list it as overdue from its deadline."""
+        ...
 
-    async def inflight(self, job_id: str) -> tuple[dict[str, Any], int] | None: ...
+    async def inflight(self, job_id: str) -> InFlight | None:
+        """The job's rescale in flight; one stored in an older form is read as well."""
+        ...
 
-    async def finish_rescale(self, job_id: str) -> None: ...
+    async def finish_rescale(self, job_id: str) -> None:
+        """Forget the job's rescale in flight and its deadline."""
+        ...
 
     async def claim_overdue(self, job_id: str) -> bool:
         """True for exactly one caller: several execute workers may see the same overdue rescale."""
@@ -182,6 +189,11 @@ class Counters(Protocol):
     async def incr_counters(self, counts: dict[str, int]) -> None: ...
 
     async def counters(self) -> dict[str, int]: ...
+
+
+class ExecuteKnowledge(Decisions, Fencing, PlanStates, Protocol):
+    """What execute asks of the knowledge base: the once-per-decision and once-per-event markers, the
+    lock and the rescale in flight, and the plan-state fields it records when a rescale ends."""
 
 
 class Knowledge(JobRegistry, OpenWindows, AnalysisModels, WindowCommits, PlanStates, Decisions, Fencing,

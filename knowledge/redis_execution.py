@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
 
+from contracts.execution import InFlight, LockHolder
 from contracts.settings import Settings
 from knowledge.protocols import DECISION_MARKER_TTL_S
 from knowledge.redis_base import RedisBase
@@ -31,6 +33,32 @@ if granted < tonumber(ARGV[2]) then granted = tonumber(ARGV[2]) end
 if ARGV[5] == '1' then redis.call('hset', KEYS[1], ARGV[1], granted) end
 return granted
 """
+
+
+def inflight_fields(rescale: InFlight) -> dict[str, str]:
+    """How a rescale in flight is stored (one hash per job): `decision` (JSON of its id and its from and
+    to parallelism), `token` and `deadline`. Workers of the form before read `decision` and `token` only,
+    so a worker not yet upgraded can still end a rescale this one tracked."""
+    decision = {"decision_id": rescale.decision_id, "from_parallelism": rescale.from_parallelism,
+                "to_parallelism": rescale.to_parallelism}
+    return {"decision": json.dumps(decision), "token": str(rescale.token), "deadline": repr(rescale.deadline)}
+
+
+def load_inflight(fields: Mapping[str, str], indexed_deadline: float | None) -> InFlight | None:
+    """A rescale in flight from its stored fields (None when there are none), in either stored form.
+
+    The older form kept the whole decision as `decision` (its other keys are ignored here) and no
+    `deadline`: its deadline is the overdue index's (`indexed_deadline`), and a rescale already claimed
+    from that index (being failed as overdue) is past its deadline, read as 0.0."""
+    if not fields:
+        return None
+    decision = json.loads(fields["decision"])
+    deadline = fields.get("deadline")
+    return InFlight(
+        decision_id=decision["decision_id"], from_parallelism=decision["from_parallelism"],
+        to_parallelism=decision["to_parallelism"], token=int(fields["token"]),
+        deadline=float(deadline) if deadline is not None else indexed_deadline or 0.0,
+    )
 
 
 class RedisExecution(RedisBase):
@@ -64,12 +92,12 @@ class RedisExecution(RedisBase):
             return token
         return None
 
-    async def lock_holder(self, job_id: str) -> tuple[int, str] | None:
+    async def lock_holder(self, job_id: str) -> LockHolder | None:
         value = await self.redis.get(self._key(job_id, "lock"))
         if not value:
             return None
         token, _, decision_id = value.partition(":")
-        return int(token), decision_id
+        return LockHolder(int(token), decision_id)
 
     async def release_lock(self, job_id: str, token: int, decision_id: str) -> bool:
         return bool(await self._release_lock(keys=[self._key(job_id, "lock")], args=[f"{token}:{decision_id}"]))
@@ -88,17 +116,21 @@ class RedisExecution(RedisBase):
 
     # ---------------------------------------------------------------- the rescale in flight
 
-    async def track_rescale(self, job_id: str, decision: dict[str, Any], token: int, deadline: float) -> None:
+    async def track_rescale(self, job_id: str, rescale: InFlight) -> None:
+        """The record replaces the job's last one whole (no field of an older form is left behind)."""
+        key = self._key(job_id, "inflight")
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self._key(job_id, "inflight"), mapping={"decision": json.dumps(decision), "token": token})
-            pipe.zadd(self._inflight_key, {job_id: deadline})
+            pipe.delete(key)
+            pipe.hset(key, mapping=inflight_fields(rescale))
+            pipe.zadd(self._inflight_key, {job_id: rescale.deadline})
             await pipe.execute()
 
-    async def inflight(self, job_id: str) -> tuple[dict[str, Any], int] | None:
-        raw = await self.redis.hgetall(self._key(job_id, "inflight"))
-        if not raw:
-            return None
-        return json.loads(raw["decision"]), int(raw["token"])
+    async def inflight(self, job_id: str) -> InFlight | None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(self._key(job_id, "inflight"))
+            pipe.zscore(self._inflight_key, job_id)
+            fields, indexed = await pipe.execute()
+        return load_inflight(fields, indexed)
 
     async def finish_rescale(self, job_id: str) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any
 
 import redis.asyncio as aioredis
 
 from contracts.jobs import CONFIG_VERSION, CONFIG_VERSION_FIELD, JobConfig, stored_overrides, validate_overrides
-from contracts.plan_state import PLAN_STATE_VERSION, PlanState
+from contracts.plan_state import PLAN_STATE_VERSION, Direction, PlanState
 from knowledge.protocols import HISTORY, REPUBLISH_SCAN, WATERMARKS, Stage
 from knowledge.redis_base import RedisBase
 
@@ -206,7 +206,7 @@ class RedisJobs(RedisBase):
 
     async def record_rescale_end(
         self, job_id: str, running: int, completed_at: float, downtime_s: float | None,
-        direction: Literal["up", "down"] | None, backend: str | None = None,
+        direction: Direction | None, backend: str | None = None,
     ) -> PlanState:
         state_key = self._key(job_id, "state")
         async with self.redis.pipeline(transaction=True) as pipe:

@@ -10,8 +10,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from contracts.execution import InFlight
 from contracts.jobs import ConfigError
-from contracts.plan_state import STALE_WINDOW_BUDGET, PlanState
+from contracts.plan_state import STALE_WINDOW_BUDGET, Direction, PlanState
 from knowledge import Knowledge
 
 Check = Callable[[Knowledge, str], Awaitable[None]]
@@ -94,11 +95,11 @@ async def plan_state_keeps_what_plan_and_execute_write_and_only_that(k: Knowledg
     planned = before.updated({"window_parallelism": 2, "windows_at_parallelism": 3, "rescale_decided_at": 990.0})
     assert await k.commit_window(job, "plan", 1000.0, json.dumps({"window_end": 1000.0}),
                                  state_fields=planned.changed_fields(before))
-    ended = await k.record_rescale_end(job, 4, 1005.0, 21.5, "up", "in_place")
+    ended = await k.record_rescale_end(job, 4, 1005.0, 21.5, Direction.UP, "in_place")
     assert (ended.parallelism, ended.expected_parallelism, ended.stale_budget) == (4, 4, STALE_WINDOW_BUDGET)
     assert ended.downtimes.up == [21.5] and ended.window_parallelism == 2  # plan's fields kept
     assert ended.backend == "in_place"  # how the runner said it changed the job
-    failed = await k.record_rescale_end(job, 4, 1009.0, None, "down")  # a failed rescale: no downtime
+    failed = await k.record_rescale_end(job, 4, 1009.0, None, Direction.DOWN)  # a failed rescale: no downtime
     assert failed.downtimes.down == [] and failed.last_rescale_at == 1009.0
     assert failed.backend == "in_place"  # a report that does not say keeps what the last one said
     # Plan writes only what it changed: execute's fields survive a later plan commit.
@@ -143,12 +144,17 @@ async def the_lock_expires(k: Knowledge, job: str) -> None:
 
 @check
 async def an_overdue_rescale_is_claimed_by_exactly_one_caller(k: Knowledge, job: str) -> None:
-    decision = {"decision_id": "d1", "from_parallelism": 2, "to_parallelism": 4}
-    await k.track_rescale(job, decision, 7, deadline=100.0)
-    assert await k.inflight(job) == (decision, 7)
+    assert await k.inflight(job) is None
+    rescale = InFlight(decision_id="d1", from_parallelism=2, to_parallelism=4, token=7, deadline=100.0)
+    await k.track_rescale(job, rescale)
+    assert await k.inflight(job) == rescale
     assert job in await k.overdue_rescales(now=200.0) and job not in await k.overdue_rescales(now=50.0)
     claims = await asyncio.gather(*(k.claim_overdue(job) for _ in range(4)))
     assert sum(claims) == 1
+    assert await k.inflight(job) == rescale  # claimed, still readable to fail it
+    later = InFlight(decision_id="d2", from_parallelism=4, to_parallelism=3, token=8, deadline=300.0)
+    await k.track_rescale(job, later)  # the next rescale replaces it whole
+    assert await k.inflight(job) == later and job not in await k.overdue_rescales(now=200.0)
     await k.finish_rescale(job)
     assert await k.inflight(job) is None and job not in await k.overdue_rescales(now=200.0)
 
