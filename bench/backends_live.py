@@ -19,8 +19,6 @@ and writes JSON.
 
 from __future__ import annotations
 
-import json
-import statistics
 import tempfile
 import threading
 import time
@@ -30,51 +28,20 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from bench.common import code_version, machine_info
+from bench.common import RESULTS, table, write_result
 from evaluation.live import live_measures, load_start
 from pipeline.loadgen import Steps, parse_shape
 from stack.cluster import StandaloneCluster, start_cluster
 from stack.live import run_live
-from stack.processes import start_broker, start_redis, stop_pid
+from stack.processes import start_broker, start_redis
 from stack.services import isolated_settings
+from tests.support.backends import ARMS, arm_setup, executor_seconds, rotated, summarize
 
-RESULTS = Path(__file__).resolve().parent / "results" / "backends_live.json"
-ARMS = ("inplace", "restart", "dynamic")
 WINDOW_S = 5.0
 DRAIN_S = 40.0
+MEASURES = ("executor_seconds", "beyond_target_s", "peak_backlog", "lag_p95_s", "actions", "max_executors")
 app = typer.Typer(add_completion=False, help=__doc__)
-
-
-def arm_setup(arm: str, master: str, max_parallelism: int) -> tuple[list[str], dict[str, str], int]:
-    """The job runner's arguments, the job's registration and the parallelism it starts at, per arm."""
-    base = ["--master", master]
-    if arm == "inplace":
-        return [*base, "--backend", "inplace"], {"scaling_backend": "in_place"}, 1
-    if arm == "restart":
-        return [*base, "--backend", "restart"], {}, 1
-    if arm == "dynamic":
-        # The application may grow to the maximum (spark.cores.max); dynamic allocation decides how many
-        # executors it holds, from one. Spark's defaults otherwise (1 s backlog timeout, 60 s idle timeout).
-        conf = {"spark.dynamicAllocation.enabled": "true", "spark.dynamicAllocation.shuffleTracking.enabled": "true",
-                "spark.dynamicAllocation.minExecutors": "1", "spark.dynamicAllocation.initialExecutors": "1",
-                "spark.dynamicAllocation.maxExecutors": str(max_parallelism),
-                "spark.scheduler.minRegisteredResourcesRatio": "0"}
-        return [*base, "--backend", "restart", *(x for k, v in conf.items() for x in ("--conf", f"{k}={v}"))], \
-            {"mode": "recommend"}, max_parallelism
-    raise ValueError(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")
-
-
-def executor_seconds(samples: list[tuple[float, int]], begin: float, end: float) -> float:
-    """The integral of the cores in use over [begin, end], each sample holding until the next."""
-    total = 0.0
-    ordered = sorted(samples)
-    for (t, cores), (t_next, _) in zip(ordered, [*ordered[1:], (end, 0)][:len(ordered)], strict=True):
-        lo, hi = max(t, begin), min(t_next, end)
-        if hi > lo:
-            total += cores * (hi - lo)
-    return total
 
 
 class CoreSampler(threading.Thread):
@@ -121,29 +88,6 @@ def run_arm(arm: str, cluster: StandaloneCluster, broker_port: int, redis_port: 
             "timeline": run.timeline()}
 
 
-def rotated(arms: list[str], round_: int) -> list[str]:
-    """The arms in the order round `round_` runs them: each round starts one arm later, so that no arm is
-    always first on a fresh cluster."""
-    k = round_ % len(arms)
-    return [*arms[k:], *arms[:k]]
-
-
-def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
-    """Per arm: the number of runs and, for each measure, the median with the worst run in brackets (the
-    highest: every measure here is better lower); actions and executors as the list over the runs."""
-    out: dict[str, dict[str, str]] = {}
-    for arm in dict.fromkeys(row["arm"] for row in rows):
-        runs = [row for row in rows if row["arm"] == arm]
-        summary = {"runs": str(len(runs)), "actions": ", ".join(str(r["actions"]) for r in runs),
-                   "max_executors": ", ".join(str(r["max_executors"]) for r in runs)}
-        for key, fmt in (("executor_seconds", ".0f"), ("beyond_target_s", ".0f"), ("peak_backlog", ".0f"),
-                         ("lag_p95_s", ".1f")):
-            values = [float(r[key]) for r in runs]
-            summary[key] = f"{statistics.median(values):{fmt}} [{max(values):{fmt}}]"
-        out[arm] = summary
-    return out
-
-
 @app.command()
 def main(
     arms: Annotated[list[str] | None, typer.Option("--arm", help=f"Which ({', '.join(ARMS)}); default all.")] = None,
@@ -154,7 +98,7 @@ def main(
     warm_up_rate: Annotated[float, typer.Option()] = 150.0,
     backlog_target_s: Annotated[float, typer.Option(help="The job's backlog target, seconds of arrivals.")] = 60.0,
     repeats: Annotated[int, typer.Option(min=1, help="Rounds of every arm; each round starts one arm later.")] = 1,
-    out: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS,
+    out: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS / "backends_live.json",
 ) -> None:
     """Run each arm in turn on one cluster; print the table and write JSON."""
     console = Console(width=150)
@@ -164,43 +108,33 @@ def main(
     parsed = parse_shape(shape)
     if not isinstance(parsed, Steps):
         raise typer.BadParameter("a steps:RATE:SECONDS,... shape", param_hint="--shape")
-    load_s = parsed.duration_s
     workdir = Path(tempfile.mkdtemp(prefix="backends-live-"))
     broker, redis = start_broker(log_path=workdir / "broker.log"), start_redis(log_path=workdir / "redis.log")
     cluster = start_cluster(workers=1, cores=max_parallelism, log_dir=workdir / "cluster")
+    settings = {"shape": shape, "max_parallelism": max_parallelism, "warm_up_s": warm_up_s,
+                "backlog_target_s": backlog_target_s, "repeats": repeats, "window_s": WINDOW_S, "drain_s": DRAIN_S}
     rows: list[dict[str, Any]] = []
-
-    def write() -> None:  # after each arm: an arm that fails later does not lose the others
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"shape": shape, "max_parallelism": max_parallelism, "warm_up_s": warm_up_s,
-                                   "backlog_target_s": backlog_target_s, "repeats": repeats, "window_s": WINDOW_S,
-                                   "drain_s": DRAIN_S, "machine": machine_info(), "code": code_version(),
-                                   "rows": rows}, indent=1))
-
     try:
         for round_ in range(repeats):
             for arm in rotated(chosen, round_):
                 logs = workdir / f"{arm}-{round_}"
                 console.print(f"round {round_ + 1}/{repeats}, {arm}: {shape}, {warm_up_s:g} s warm-up; logs in {logs}")
                 logs.mkdir()
-                row = run_arm(arm, cluster, broker.port, redis.port, shape, load_s, max_parallelism, warm_up_s,
-                              warm_up_rate, backlog_target_s, logs)
-                rows.append({"round": round_, **row})
-                write()
+                rows.append({"round": round_, **run_arm(arm, cluster, broker.port, redis.port, shape,
+                                                        parsed.duration_s, max_parallelism, warm_up_s, warm_up_rate,
+                                                        backlog_target_s, logs)})
+                # After each arm: an arm that fails later does not lose the others.
+                write_result(out, settings | {"rows": rows}, console=console)
     finally:
         cluster.stop()
-        for service in (broker, redis):
-            stop_pid(service.process.pid, process=service.process)
-    table = Table(title=f"one load ({shape}), one cluster (1 worker, {max_parallelism} cores), from 1 executor; "
-                        f"median [worst] of {repeats} round(s)")
-    for column in ("arm", "runs", "executor-s", "beyond target s", "peak backlog", "lag p95 s", "actions",
-                   "max executors"):
-        table.add_column(column)
+        broker.stop()
+        redis.stop()
+    result = table(f"one load ({shape}), one cluster (1 worker, {max_parallelism} cores), from 1 executor; "
+                   f"median [worst] of {repeats} round(s)", "arm", "runs", "executor-s", "beyond target s",
+                   "peak backlog", "lag p95 s", "actions", "max executors")
     for arm, summary in summarize(rows).items():
-        table.add_row(arm, str(summary["runs"]), *(summary[key] for key in
-                      ("executor_seconds", "beyond_target_s", "peak_backlog", "lag_p95_s", "actions", "max_executors")))
-    console.print(table)
-    console.print(f"wrote {out}")
+        result.add_row(arm, summary["runs"], *(summary[key] for key in MEASURES))
+    console.print(result)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""What every benchmark shares: which code and machine measured, CPU time, percentiles."""
+"""What every benchmark shares: which code and machine measured, the JSON it writes, CPU time, percentiles."""
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
+import json
 import math
 import os
 import platform
@@ -13,9 +15,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
 ROOT = Path(__file__).resolve().parents[1]
-# The files whose change changes what the planning and forecasting benchmarks measure.
-MEASURED = ("plan/step.py", "plan/guarded.py", "plan/controls.py", "plan/ds2.py", "plan/proactive.py",
+RESULTS = ROOT / "bench" / "results"  # git-ignored
+# The files whose change changes what the planning and simulating benchmarks measure.
+MEASURED = ("plan/policies/default.py", "plan/cost_plan.py", "plan/guarded.py", "plan/controls.py", "plan/ds2.py",
             "contracts/jobs.py", "analyze/true_rates.py", "analyze/forecast.py", "monitor/windows.py",
             "evaluation/simulator.py", "evaluation/jobmodel.py")
 
@@ -89,3 +95,21 @@ def summary(values: list[float]) -> dict[str, float]:
         "n": len(values), "p50": percentile(values, 50), "p95": percentile(values, 95), "p99": percentile(values, 99),
         "max": max(values, default=math.nan), "mean": sum(values) / len(values) if values else math.nan,
     }
+
+
+def write_result(path: Path, result: dict[str, Any], code: tuple[str, ...] = MEASURED,
+                 console: Console | None = None) -> None:
+    """Write `result` to `path` as JSON, with the machine and the code that measured it, and say so."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    path.write_text(json.dumps({"date": when} | result | {"machine": machine_info(), "code": code_version(code)},
+                               indent=1, default=str))
+    (console or Console()).print(f"wrote {path}")
+
+
+def table(title: str, *columns: str) -> Table:
+    """A results table: the first column (what a row is) left-justified, the figures right-justified."""
+    out = Table(title=title, title_justify="left")
+    for i, column in enumerate(columns):
+        out.add_column(column, justify="right" if i else "left")
+    return out

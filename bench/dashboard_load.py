@@ -10,31 +10,28 @@ The dashboard's cost is phase two minus the mean of the other two, in percent of
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from bench.browser import chromium
-from bench.common import machine_info, process_cpu_seconds
-from bench.ingest import services
-from bench.ingest_setup import console, make_report, producer, run_settings, start_worker
+from bench.common import RESULTS, process_cpu_seconds, table, write_result
+from bench.ingest_setup import ALL_STAGES, console, make_report, producer, run_settings, services, start_worker
+from contracts.settings import Settings
 from infra.kafka import ensure_topics
 from stack.services import register_jobs, start_dashboard
+from tests.support.browser import chromium
 
-RESULTS = Path(__file__).resolve().parent / "results" / "dashboard_load.json"
 app = typer.Typer(add_completion=False, help=__doc__)
 
 
 class Reporter:
     """Every job's report each second, stamped with the wall clock, from a thread."""
 
-    def __init__(self, settings: Any, jobs: list[str]) -> None:
+    def __init__(self, settings: Settings, jobs: list[str]) -> None:
         self.settings, self.jobs = settings, jobs
         self.stopping = threading.Event()
         self.sent = 0
@@ -48,7 +45,7 @@ class Reporter:
             tick += 1.0
             time.sleep(max(0.0, tick - time.time()))
             for job in self.jobs:
-                p.produce(self.settings.topics.metrics, key=job.encode(), value=make_report(job, tick, rng, 1))
+                p.produce(self.settings.topics.metrics, key=job.encode(), value=make_report(job, tick, rng))
             p.poll(0)
             self.sent += len(self.jobs)
         p.flush(30)
@@ -74,7 +71,7 @@ def main(
     jobs: Annotated[int, typer.Option(help="Registered jobs, one report per second each.")] = 100,
     phase_s: Annotated[float, typer.Option(help="Seconds measured per phase.")] = 60.0,
     warm_up_s: Annotated[float, typer.Option(help="Seconds of load before the first phase.")] = 30.0,
-    out: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS,
+    out: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS / "dashboard_load.json",
 ) -> None:
     """Measure the agents' CPU without, with and again without the dashboard open."""
     names = [f"job-{i:04d}" for i in range(jobs)]
@@ -82,7 +79,7 @@ def main(
         settings = run_settings(broker, redis, 0, 4, 10.0)
         ensure_topics(settings)
         register_jobs(settings, names, mode="recommend")
-        worker = start_worker(settings, workdir, ["monitor", "analyze", "plan", "execute"])
+        worker = start_worker(settings, workdir, ALL_STAGES)
         phases: dict[str, float] = {}
         dashboard_cpu = browser_reads = 0.0
         ready_ms: dict[str, float] = {}
@@ -113,22 +110,18 @@ def main(
             worker.stop()
     baseline = (phases["without"] + phases["without, again"]) / 2
     added = phases["with the dashboard"] - baseline
-    table = Table("phase", "agents' CPU, % of one core", title=f"{jobs} jobs, 1 report/s each, {phase_s:.0f} s a phase")
+    result = table(f"{jobs} jobs, 1 report/s each, {phase_s:.0f} s a phase", "phase", "agents' CPU, % of one core")
     for name, value in phases.items():
-        table.add_row(name, f"{value:.1f}")
-    table.add_row("added by the dashboard", f"{added:+.1f} ({100 * added / baseline:+.1f} % of the agents' own)")
-    table.add_row("the dashboard process itself", f"{dashboard_cpu:.1f}")
-    console.print(table)
+        result.add_row(name, f"{value:.1f}")
+    result.add_row("added by the dashboard", f"{added:+.1f} ({100 * added / baseline:+.1f} % of the agents' own)")
+    result.add_row("the dashboard process itself", f"{dashboard_cpu:.1f}")
+    console.print(result)
     console.print(f"the job page redrew {browser_reads} times in the measured phase; {sent:,} reports sent; "
                   f"first drawn after (ms): {ready_ms}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "jobs": jobs, "phase_s": phase_s, "agents_cpu_percent": phases, "added_percent_points": added,
-        "added_relative": added / baseline, "dashboard_cpu_percent": dashboard_cpu, "job_page_updates": browser_reads,
-        "ready_ms": ready_ms,
-        "reports_sent": sent, "machine": machine_info(),
-    }, indent=2))
-    console.print(f"wrote {out}")
+    write_result(out, {"jobs": jobs, "phase_s": phase_s, "agents_cpu_percent": phases, "added_percent_points": added,
+                       "added_relative": added / baseline, "dashboard_cpu_percent": dashboard_cpu,
+                       "job_page_updates": browser_reads, "ready_ms": ready_ms, "reports_sent": sent},
+                 ("agent/dashboard.py", "agent/dashboard_view.py"), console)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import random
@@ -15,16 +16,13 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from bench.common import percentile, process_cpu_seconds
+from bench.common import percentile, process_cpu_seconds, summary
 from bench.ingest_setup import (
-    IDLE_S,
+    ALL_STAGES,
     POLL_S,
     REPORT_INTERVAL_S,
-    WARMUP_ROUNDS,
-    Loop,
     aligned_base,
     console,
-    cpu_seconds,
     make_report,
     produce_all,
     producer,
@@ -39,29 +37,27 @@ from monitor.windows import window_start_for
 from stack.processes import Service
 from stack.services import AgentWorker, register_jobs
 
+IDLE_S = 5.0
+LATENCY_P99_FLOOR_MS = 250.0
+WARMUP_ROUNDS = 2
+
 
 class DecisionCollector:
     """Reads the decisions topic in a thread and notes when each (job, window end) arrived."""
 
     def __init__(self, settings: Settings):
-        self.consumer = Consumer({
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": f"bench-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            # The observer must not add latency of its own: tansu answers an empty fetch only
-            # after fetch.wait.max.ms, not when data arrives.
-            "fetch.wait.max.ms": 5,
-            "fetch.min.bytes": 1,
-        })
+        # The observer must not add latency of its own: tansu answers an empty fetch only after
+        # fetch.wait.max.ms, not when data arrives.
+        self.consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "enable.auto.commit": False,
+                                  "group.id": f"bench-{uuid.uuid4().hex}", "fetch.wait.max.ms": 5,
+                                  "fetch.min.bytes": 1})
         topic = settings.topics.decisions
         partitions = self.consumer.list_topics(topic, timeout=10).topics[topic].partitions
         self.partitions = [TopicPartition(topic, p, 0) for p in partitions]
         self.consumer.assign(self.partitions)
         self.arrived: dict[tuple[str, float], tuple[float, ScalingDecision]] = {}
         self.cond = threading.Condition()
-        self.stopping = threading.Event()
-        self.pause_wanted = threading.Event()
-        self.pause_done = threading.Event()
+        self.stopping, self.pause_wanted, self.pause_done = threading.Event(), threading.Event(), threading.Event()
         self.thread = threading.Thread(target=self._run, name="decisions", daemon=True)
         self.thread.start()
 
@@ -151,10 +147,25 @@ class Latency:
     idle_worker_cpu_pct: float = math.nan
     idle_broker_cpu_pct: float = math.nan
 
+    def parts(self) -> dict[str, list[float]]:
+        """The samples and their breakdown by the decision's own timestamps, ms."""
+        return {"report_to_decision_ms": self.samples_ms, "report_to_window_closed_ms": self.monitor_ms,
+                "window_closed_to_decision_ms": self.analyze_plan_ms, "decision_to_received_ms": self.delivery_ms}
+
+    def json(self) -> dict[str, Any]:
+        """The summaries, and every sample in the order taken: [total, monitor, analyze+plan, delivery]."""
+        out: dict[str, Any] = {k: round(v, 3) if isinstance(v, float) else v for k, v in self.__dict__.items()
+                               if not k.endswith("_ms")}
+        for name, values in self.parts().items():
+            out[name] = {k: round(v, 2) for k, v in summary(values).items()}
+        out["meets_floor"] = summary(self.samples_ms)["p99"] < LATENCY_P99_FLOOR_MS
+        out["samples_ms"] = [[round(x, 1) for x in sample] for sample in zip(*self.parts().values(), strict=True)]
+        return out
+
 
 def measure_latency(
     broker: Service, redis: Service, workdir: Path, samples: int, jobs: int, partitions: int,
-    loop_interval_s: float, layout: str, jitter_ms: float, stagger_ms: float, loop: Loop, seed: int,
+    loop_interval_s: float, layout: str, jitter_ms: float, stagger_ms: float, loop: asyncio.Runner, seed: int,
 ) -> Latency:
     settings = run_settings(broker, redis, db=1, partitions=partitions, loop_interval_s=loop_interval_s)
     rng = random.Random(seed)
@@ -168,8 +179,7 @@ def measure_latency(
     knowledge = RedisKnowledge(settings)
     collector = DecisionCollector(settings)
     p = producer(settings, linger_ms=0)
-    groups = [["monitor", "analyze", "plan", "execute"]] if layout == "all-in-one" else [
-        ["monitor"], ["analyze"], ["plan"], ["execute"]]
+    groups = [ALL_STAGES] if layout == "all-in-one" else [[stage] for stage in ALL_STAGES]
     workers = [start_worker(settings, workdir, stages) for stages in groups]
     result = Latency(samples_ms=[], layout=layout, workers=groups)
     sent_total = 0
@@ -179,7 +189,7 @@ def measure_latency(
         cpu_start = wall_start = 0.0
         for round_no in range(rounds + WARMUP_ROUNDS):
             plan = [(clock.job, *clock.until_closer()) for clock in clocks]
-            fillers = [(job.encode(), make_report(job, ts, rng, 0)) for job, fill, _, _ in plan for ts in fill]
+            fillers = [(job.encode(), make_report(job, ts, rng)) for job, fill, _, _ in plan for ts in fill]
             produce_all(p, settings.topics.metrics, fillers)
             sent_total += len(fillers)
             wait_accepted(loop, knowledge, sent_total, workers, timeout=120 if round_no == 0 else 30)
@@ -187,7 +197,7 @@ def measure_latency(
             time.sleep(rng.uniform(0, jitter_ms / 1000))
             sent_at: dict[tuple[str, float], float] = {}
             for job, _, closer_ts, window_end in plan:
-                value = make_report(job, closer_ts, rng, 0)
+                value = make_report(job, closer_ts, rng)
                 sent_at[(job, round(window_end, 6))] = time.time()
                 p.produce(settings.topics.metrics, key=job.encode(), value=value)
                 p.flush(10)
@@ -205,7 +215,7 @@ def measure_latency(
             if round_no < WARMUP_ROUNDS:
                 # Also untimed: the first round after the idle pause (the observer resumes fetching).
                 collector.wait_for(list(sent_at), timeout=30)
-                cpu_start, wall_start = sum(cpu_seconds(w) for w in workers), time.monotonic()
+                cpu_start, wall_start = workers_cpu(workers), time.monotonic()
                 continue
             got = collector.wait_for(list(sent_at), timeout=30)
             for key, (received, decision) in got.items():
@@ -218,7 +228,7 @@ def measure_latency(
             if done % 10 == 0:
                 console.print(f"  round {done}/{rounds}: p50 so far {percentile(result.samples_ms, 50):.0f} ms")
         elapsed = time.monotonic() - wall_start
-        result.worker_cpu_pct = 100 * (sum(cpu_seconds(w) for w in workers) - cpu_start) / max(elapsed, 1e-9)
+        result.worker_cpu_pct = 100 * (workers_cpu(workers) - cpu_start) / max(elapsed, 1e-9)
     finally:
         for worker in workers:
             worker.stop()
@@ -227,15 +237,20 @@ def measure_latency(
     return result
 
 
+def workers_cpu(workers: list[AgentWorker]) -> float:
+    return sum(process_cpu_seconds(w.process.pid) for w in workers)
+
+
 def idle_cpu(workers: list[AgentWorker], broker: Service, seconds: float) -> tuple[float, float]:
     """CPU % of the workers and the broker with no traffic: the price of short fetch waits."""
-    workers_before, broker_before = sum(cpu_seconds(w) for w in workers), process_cpu_seconds(broker.pid)
+    workers_before, broker_before = workers_cpu(workers), process_cpu_seconds(broker.pid)
     time.sleep(seconds)
-    return (100 * (sum(cpu_seconds(w) for w in workers) - workers_before) / seconds,
+    return (100 * (workers_cpu(workers) - workers_before) / seconds,
             100 * (process_cpu_seconds(broker.pid) - broker_before) / seconds)
 
 
-def wait_accepted(loop: Loop, knowledge: Knowledge, target: int, workers: list[AgentWorker], timeout: float) -> None:
+def wait_accepted(loop: asyncio.Runner, knowledge: Knowledge, target: int, workers: list[AgentWorker],
+                  timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while loop.run(knowledge.counters()).get("reports_accepted", 0) < target:
         for worker in workers:

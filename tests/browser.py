@@ -1,5 +1,5 @@
-"""The browser tests' Chromium: the one launcher, in bench.browser (the benches drive it too)."""
+"""The browser tests' Chromium: the one launcher, in tests.support.browser (the benches drive it too)."""
 
-from bench.browser import CHROMEDRIVER, CHROMIUM, chromium
+from tests.support.browser import CHROMEDRIVER, CHROMIUM, chromium
 
 __all__ = ["CHROMEDRIVER", "CHROMIUM", "chromium"]

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.inplace_live import drained, ids_once, longest_pause, watch
+from capacity.live_testbed import Adjustable
 from contracts.plan_state import Downtimes
 from evaluation.calibrate import background_load, job_config, own_broker
-from evaluation.live_testbed import Adjustable
 from pipeline.inplace import InPlaceExecutors
 from stack.cluster import start_cluster
+from tests.support.inplace import drained, ids_once, longest_pause, watch
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from bench.load import run
+from tests.support.load import run
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 

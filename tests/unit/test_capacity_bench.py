@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from analyze.true_rates import analyze_window
-from bench.capacity_windows import (
+from contracts.messages import MetricReport, SourceMetrics
+from tests.support.capacity_windows import (
     Batch,
     batch_capacity,
     batch_of,
@@ -16,7 +17,6 @@ from bench.capacity_windows import (
     skip_reason,
     windows_of,
 )
-from contracts.messages import MetricReport, SourceMetrics
 
 T0 = 1_795_000_000.0
 

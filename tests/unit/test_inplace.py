@@ -7,16 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import typer
-from evaluation.job_models import demo_model
 from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.job_cli import choose_backend
-from bench.backends_live import arm_setup, executor_seconds, rotated, summarize
-from bench.backends_sim import compare
 from contracts.backends import BackendKind, backend_in_use, in_place_cost
 from contracts.jobs import JobConfig
 from contracts.plan_state import Downtimes
+from evaluation.model_files import demo_model
 from evaluation.simulator import PolicyRunner, simulate
 from evaluation.traces import Trace
 from knowledge.memory import run_now
@@ -24,6 +22,7 @@ from pipeline.inplace import InPlaceExecutors, NotInPlace, can_change_in_place, 
 from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
 from pipeline.source_control import read_share, write_share
 from plan.policies.default import CostPlanner
+from tests.support.backends import arm_setup, compare, executor_seconds, rotated, summarize
 
 
 @given(st.sets(st.integers(0, 500), min_size=1, max_size=40), st.integers(0, 45))

@@ -1,29 +1,19 @@
-"""The capacity-model benchmark's pure pieces: load levels, which windows count, errors, batches."""
+"""Capacity-model measurement from a job's reports: load levels, which windows are learned, errors, batches.
+
+The pieces of the retired capacity-model benchmark (docs/results.md, "Retired benchmarks") that the
+tests still check."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-import typer
-from rich.console import Console
 
 from analyze.capacity import CapacityModel, UnknownCapacity
 from analyze.welford import CoMoments
 from contracts.analyses import Analysis
 from contracts.messages import MetricReport, MetricWindow
 from monitor.windows import add_report
-
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "capacity_model.json"
-ACCEPTANCE_PCT = 5.0  # the issue's bound on |estimate - measured| / measured
-FAST_PRODUCE_RATE = 50_000.0  # records/s when writing the drain backlog
-
-app = typer.Typer(help=__doc__, add_completion=False)
-console = Console(width=200)  # the table is wide; a pipe would wrap it at 80
-
 
 
 def load_rates(parallelism: int, per_slot: float, fractions: Sequence[float]) -> list[float]:

@@ -1,0 +1,277 @@
+"""Load: many jobs, each reporting every second, against the agents on their own broker and Redis.
+
+`run` starts a broker, Redis and `workers` agent workers (all four stages, one consumer group),
+registers `jobs` jobs (mode `recommend`) and sends one report per job per second of metric time,
+`speedup` times faster than real time. Every `sample_s` it records the agents' consumer lag (records
+published to their input topics and not yet committed by their group, summed over metrics, windows
+and analyses), each worker's resident memory, Redis's used memory and the decisions made so far; after
+the load stops, how long the agents take to drain what is left. Job histories are kept at
+`history_length` windows, short so that the knowledge base reaches its per-job bound within the run.
+`python -m bench.load` and tests/reliability/test_load.py drive it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from subprocess import Popen
+
+import redis
+from confluent_kafka import Consumer, Producer, TopicPartition
+from rich.console import Console
+
+from contracts.settings import Settings
+from infra.kafka import ensure_topics, kafka_client_config
+from stack.processes import free_port, start_broker, start_redis
+from stack.services import AgentWorker, isolated_settings, register_jobs, start_agents
+
+
+@dataclass
+class Sample:
+    at_s: float
+    reports_sent: int
+    lag: int
+    lag_by_topic: dict[str, int]
+    worker_rss_mb: list[float]
+    redis_used_mb: float
+    # What the knowledge holds: used memory less Redis's overhead (client buffers, which swing with the load).
+    redis_dataset_mb: float
+    decisions: int
+
+
+@dataclass
+class LoadResult:
+    jobs: int
+    minutes: float
+    speedup: float
+    workers: int
+    history_length: int
+    reports_sent: int
+    samples: list[Sample] = field(default_factory=list)
+    drain_s: float | None = None
+    # After the load stops, each second: (seconds since, lag per topic, decisions so far): where a drain waits.
+    drain_trace: list[tuple[float, dict[str, int], int]] = field(default_factory=list)
+    # Samples taken while the workers drain (every `sample_s`): memory is judged over the decisions made,
+    # and a slower run makes some of them after the load stopped.
+    drain_samples: list[Sample] = field(default_factory=list)
+    decisions: int = 0
+    windows_expected: int = 0
+    decision_latency_p99_s: float | None = None
+    behind_s: float = 0.0  # how far the producer fell behind its schedule (the bench machine's limit)
+
+    @property
+    def max_lag(self) -> int:
+        return max((s.lag for s in self.samples), default=0)
+
+    @property
+    def median_lag(self) -> float:
+        return float(statistics.median(s.lag for s in self.samples)) if self.samples else 0.0
+
+    def summary(self) -> dict[str, float | int | None]:
+        half = [s for s in self.samples if s.at_s >= self.minutes * 30 / self.speedup]
+        rss = [max(s.worker_rss_mb) for s in self.samples]
+        return {
+            "reports_sent": self.reports_sent,
+            "reports_per_s": round(self.reports_sent * self.speedup / (self.minutes * 60), 1),
+            "max_lag_records": self.max_lag,
+            "median_lag_records": round(self.median_lag),
+            "max_lag_second_half": max((s.lag for s in half), default=0),
+            "drain_s": None if self.drain_s is None else round(self.drain_s, 1),
+            "worker_rss_mb_max": round(max(rss, default=0.0), 1),
+            "worker_rss_mb_at_half": round(half[0].worker_rss_mb[0] if half else 0.0, 1),
+            "redis_mb_max": round(max((s.redis_used_mb for s in self.samples), default=0.0), 1),
+            "redis_mb_at_half": round(half[0].redis_used_mb if half else 0.0, 1),
+            "redis_mb_end": round(self.samples[-1].redis_used_mb if self.samples else 0.0, 1),
+            "redis_dataset_mb_end": round(self.samples[-1].redis_dataset_mb if self.samples else 0.0, 1),
+            "decisions": self.decisions,
+            "windows_expected": self.windows_expected,
+            "decision_latency_p99_s": self.decision_latency_p99_s,
+            "producer_behind_s": round(self.behind_s, 1),
+        }
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def prometheus_lines(port: int) -> list[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return response.read().decode().splitlines()
+
+
+def counter_total(lines: list[str], name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name + "{"))
+
+
+def histogram_quantile(lines: list[list[str]], name: str, q: float) -> float | None:
+    """The q-quantile's upper bucket bound, over the workers' histograms summed."""
+    buckets: dict[float, float] = {}
+    for worker in lines:
+        for line in worker:
+            if line.startswith(name + "_bucket{"):
+                bound = line.split('le="', 1)[1].split('"', 1)[0]
+                value = float(line.rsplit(" ", 1)[1])
+                key = float("inf") if bound == "+Inf" else float(bound)
+                buckets[key] = buckets.get(key, 0.0) + value
+    if not buckets or buckets.get(float("inf"), 0.0) == 0:
+        return None
+    total = buckets[float("inf")]
+    for bound in sorted(buckets):
+        if buckets[bound] >= q * total:
+            return bound
+    return None
+
+
+class LagProbe:
+    """Records in the agents' input topics not yet committed by their consumer group."""
+
+    def __init__(self, settings: Settings, group: str):
+        self.topics = [settings.topics.metrics, settings.topics.windows, settings.topics.analyses]
+        self.partitions = [TopicPartition(t, p) for t in self.topics for p in range(settings.topic_partitions)]
+        # Never subscribes: it only reads the group's committed offsets, so it does not join the group.
+        self.consumer = Consumer({**kafka_client_config(settings), "group.id": group, "enable.auto.commit": False})
+
+    def lag(self) -> dict[str, int]:
+        committed = self.consumer.committed(self.partitions, timeout=10)
+        by_topic = dict.fromkeys(self.topics, 0)
+        for tp in committed:
+            _, high = self.consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10)
+            done = tp.offset if tp.offset >= 0 else 0
+            by_topic[tp.topic] += max(0, high - done)
+        return by_topic
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def report_bytes(job: str, timestamp: float) -> bytes:
+    # What a steady job at 2 slots sends each second; built by hand, 1,000 per second must be cheap.
+    return (
+        f'{{"job_id":"{job}","timestamp":{timestamp},"interval_s":1.0,"parallelism":2,"records_in":200,'
+        f'"records_out":200,"busy_time_s":1.0,"source":{{"arrival_rate":200.0,"backlog":50,"partitions":8}}}}'
+    ).encode()
+
+
+def run(
+    jobs: int = 1000,
+    minutes: float = 10.0,
+    workers: int = 2,
+    history_length: int = 20,
+    sample_s: float = 10.0,
+    speedup: float = 1.0,
+    workdir: Path | None = None,
+    console: Console | None = None,
+) -> LoadResult:
+    console = console or Console()
+    workdir = workdir or Path(f".autoscaler/bench-load-{uuid.uuid4().hex[:6]}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    broker = start_broker(log_path=workdir / "broker.log")
+    redis_server = start_redis(log_path=workdir / "redis.log")
+    settings = isolated_settings(broker.port, redis_server.port, f"load{uuid.uuid4().hex[:4]}",
+                                 f"load-{uuid.uuid4().hex[:6]}", 10.0).model_copy(
+        update={"topic_partitions": 8, "history_length": history_length})
+    names = [f"load-{i:04d}" for i in range(jobs)]
+    agents: list[AgentWorker] = []
+    processes: list[Popen[bytes]] = []
+    result = LoadResult(jobs=jobs, minutes=minutes, speedup=speedup, workers=workers, history_length=history_length,
+                        reports_sent=0)
+    try:
+        ensure_topics(settings)
+        register_jobs(settings, names, mode="recommend")
+        ports = [free_port() for _ in range(workers)]
+        for port in ports:
+            env = {"AUTOSCALER_HISTORY_LENGTH": str(history_length), "AUTOSCALER_LOG_LEVEL": "warning"}
+            agents.append(start_agents(settings, workdir / f"agents-{port}.log", web_port=port, env=env, timeout=90))
+        processes = [worker.process for worker in agents]
+        time.sleep(12)  # the consumer group settles (joins wait for the rebalance timeout)
+        probe = LagProbe(settings, settings.app_id)
+        store = redis.Redis(host="127.0.0.1", port=redis_server.port)
+        producer = Producer({**kafka_client_config(settings), "linger.ms": 20, "batch.num.messages": 2000,
+                             "queue.buffering.max.messages": 2_000_000})
+        topic = settings.topics.metrics
+        began = time.time()
+        seconds = int(minutes * 60)
+        # Metric time ends at the wall clock: compressed reports must not come from the future.
+        first_second = int(began + seconds / speedup) - seconds
+        next_sample = sample_s
+        console.print(f"{jobs} jobs x 1 report/s for {minutes:g} min of metric time at {speedup:g}x, "
+                      f"{workers} worker(s), history {history_length}")
+        for second in range(1, seconds + 1):
+            stamp = float(first_second + second)
+            for job in names:
+                producer.produce(topic, key=job.encode(), value=report_bytes(job, stamp))
+            producer.poll(0)
+            result.reports_sent += jobs
+            wait = began + second / speedup - time.time()
+            if wait > 0:
+                time.sleep(wait)
+            else:
+                result.behind_s = max(result.behind_s, -wait)
+            if second / speedup >= next_sample:
+                next_sample += sample_s
+                sample = take_sample(round(second / speedup), result.reports_sent, probe, processes, store, ports)
+                result.samples.append(sample)
+                console.print(f"{second:5d} s  lag {sample.lag:7d}  rss {sample.worker_rss_mb}  "
+                              f"redis {sample.redis_used_mb:7.1f} MB  decisions {sample.decisions}")
+        producer.flush(60)
+        stopped = time.time()
+        next_sample = time.time() + sample_s
+        while time.time() - stopped < 300:
+            if time.time() >= next_sample:
+                next_sample += sample_s
+                result.drain_samples.append(take_sample(round(time.time() - began), result.reports_sent, probe,
+                                                        processes, store, ports))
+            left = probe.lag()
+            result.drain_trace.append((round(time.time() - stopped, 1), short_topics(left), decisions_made(ports)))
+            if sum(left.values()) == 0:
+                result.drain_s = time.time() - stopped
+                break
+            time.sleep(1.0)
+        scrapes = [prometheus_lines(port) for port in ports]
+        result.decisions = int(sum(counter_total(lines, "autoscaler_decisions_total") for lines in scrapes))
+        result.decision_latency_p99_s = histogram_quantile(scrapes, "autoscaler_window_to_decision_seconds", 0.99)
+        # Windows the reports closed: every window from the first report's to the last one's, which stays open.
+        result.windows_expected = jobs * ((first_second + seconds) // 10 - (first_second + 1) // 10)
+        result.samples.append(take_sample(round(seconds / speedup), result.reports_sent, probe, processes, store,
+                                          ports))
+        probe.close()
+        dead = [p.pid for p in processes if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"agent worker(s) {dead} died under load; see {workdir}")
+    finally:
+        for worker in agents:
+            worker.stop()
+        broker.stop()
+        redis_server.stop()
+    return result
+
+
+def decisions_made(ports: list[int]) -> int:
+    """Decisions the workers on `ports` have made so far (their Prometheus counters)."""
+    return int(sum(counter_total(prometheus_lines(port), "autoscaler_decisions_total") for port in ports))
+
+
+def short_topics(by_topic: dict[str, int]) -> dict[str, int]:
+    """Lag per topic by its short name (`metrics`, `windows`, `analyses`)."""
+    return {k.rsplit(".", 1)[-1]: v for k, v in by_topic.items()}
+
+
+def take_sample(second: int, sent: int, probe: LagProbe, processes: list, store: redis.Redis,  # type: ignore[type-arg]
+                ports: list[int]) -> Sample:
+    by_topic = probe.lag()
+    memory = store.info("memory")
+    return Sample(
+        at_s=float(second), reports_sent=sent, lag=sum(by_topic.values()),
+        lag_by_topic=short_topics(by_topic),
+        worker_rss_mb=[round(rss_mb(p.pid), 1) for p in processes],
+        redis_used_mb=round(int(memory["used_memory"]) / 2**20, 1),
+        redis_dataset_mb=round(int(memory["used_memory_dataset"]) / 2**20, 1),
+        decisions=decisions_made(ports),
+    )
