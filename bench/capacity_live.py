@@ -21,13 +21,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from bench.common import code_version, machine_info
+from bench.common import RESULTS, table, write_result
 
-RESULTS = Path(__file__).resolve().parent / "results" / "capacity_live.json"
-CODE = ("plan/capacity/mst.py", "plan/capacity/explore.py", "plan/capacity/scaling.py", "evaluation/live_testbed.py",
-        "evaluation/capacity_cli.py", "pipeline/demo.py")
+CODE = ("capacity/mst.py", "capacity/explore.py", "capacity/scaling.py", "capacity/live_testbed.py",
+        "capacity/cli.py", "pipeline/demo.py")
 app = typer.Typer(add_completion=False, help=__doc__)
 
 
@@ -57,7 +55,7 @@ def main(
     rate: Annotated[float, typer.Option(help="The rate each plan is asked for (rec/s).")] = 2000.0,
     max_slots: Annotated[int, typer.Option(help="The testbed's largest configuration.")] = 4,
     cost_ms: Annotated[float, typer.Option(help="The demo job's per-record cost.")] = 4.0,
-    output: Annotated[Path, typer.Option(help="The JSON to write.")] = RESULTS,
+    output: Annotated[Path, typer.Option(help="The JSON to write.")] = RESULTS / "capacity_live.json",
 ) -> None:
     console = Console()
     rows = []
@@ -66,17 +64,16 @@ def main(
             row = one_run(rate, max_slots, cost_ms, Path(tmp))
         rows.append(row)
         console.print(f"run {i + 1}: {row['wall_s']:.0f} s; MST {row['mst']}; steps {row['steps']}")
-    table = Table(title=f"live capacity plan, demo job at {cost_ms:g} ms per record, {runs} runs", title_justify="left")
-    for column in ("run", "wall s", *(f"MST at {n}" for n in range(1, max_slots + 1)), "steps",
-                   *(f"at {r['slots']} from 1-2" for r in rows[0]["from_smallest"]), "answer"):
-        table.add_column(column, justify="right")
+    out = table(f"live capacity plan, demo job at {cost_ms:g} ms per record, {runs} runs", "run", "wall s",
+                *(f"MST at {n}" for n in range(1, max_slots + 1)), "steps",
+                *(f"at {r['slots']} from 1-2" for r in rows[0]["from_smallest"]), "answer")
     for i, row in enumerate(rows, 1):
-        table.add_row(str(i), f"{row['wall_s']:.0f}",
+        out.add_row(str(i), f"{row['wall_s']:.0f}",
                       *(f"{row['mst'].get(str(n), 0):,.0f}" for n in range(1, max_slots + 1)),
                       str(sum(row["steps"].values())),
                       *(f"{100 * r['error']:+.1f} %" for r in row["from_smallest"]),
                       f"{row['answer']['slots']} ({row['model']['name']})")
-    console.print(table)
+    console.print(out)
     spread = {}
     for n in range(1, max_slots + 1):
         values = [row["mst"][str(n)] for row in rows if str(n) in row["mst"]]
@@ -90,12 +87,8 @@ def main(
                   + ", ".join(f"{n} slots {100 * s:.1f} %" for n, s in spread.items())
                   + f"; worst error from 1-2 slots {100 * (summary['worst_from_smallest_error'] or 0):.1f} %; "
                   f"wall time median {summary['wall_s_median']:.0f} s, worst {summary['wall_s_worst']:.0f} s")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps({"runs": rows, "summary": summary, "rate": rate, "cost_ms": cost_ms,
-                                  "max_slots": max_slots, "code": code_version(CODE), "machine": machine_info()},
-                                 indent=1, default=str))
-    console.print(f"wrote {output}")
-
+    write_result(output, {"runs": rows, "summary": summary, "rate": rate, "cost_ms": cost_ms, "max_slots": max_slots},
+                 CODE, console)
 
 if __name__ == "__main__":
     app()

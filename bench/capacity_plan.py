@@ -1,6 +1,6 @@
 """`python -m bench.capacity_plan`: how far StreamBed's capacity plan extrapolates, against the truth.
 
-The testbed is the evaluation's job model (`evaluation.testbed.ModelTestbed`), with three jobs whose
+The testbed is the evaluation's job model (`capacity.testbed.ModelTestbed`), with three jobs whose
 scaling is known (linear; sub-linear by the Universal Scalability Law, contention 0.02 and coherency
 0.00005; a knee at 5 slots beyond which each slot adds 60 % of one) and the demo job's model. Per job
 and noise seed (log-normal rate noise of 4.3 % per 10-s window, the demo job's measured noise), the
@@ -21,7 +21,6 @@ medians and worst cases over the seeds.
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -29,21 +28,19 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from bench.common import code_version, machine_info
+from bench.common import RESULTS, table, write_result
+from capacity.cli import planned_curve
+from capacity.explore import HEADROOM, LARGEST_ANSWER, MIN_AFTER_CORNERS, explore, recommend
+from capacity.mst import SENSIBILITY
+from capacity.testbed import WINDOW_S, ModelTestbed, scaling_truths
 from contracts.jobs import JobConfig, format_planned_capacity
-from evaluation.capacity_cli import planned_curve
-from evaluation.job_models import demo_job_model
 from evaluation.jobmodel import JobModel
+from evaluation.model_files import demo_job_model
 from evaluation.simulator import PolicyRunner, simulate, static_parallelism
-from evaluation.testbed import WINDOW_S, ModelTestbed, scaling_truths
 from evaluation.traces import load_trace
-from plan.capacity.explore import HEADROOM, LARGEST_ANSWER, MIN_AFTER_CORNERS, explore, recommend
-from plan.capacity.mst import SENSIBILITY
 from plan.registry import make_policy
 
-RESULTS = Path(__file__).resolve().parent / "results" / "capacity_plan.json"
 NOISE = 0.043
 START_RATE = 10.0  # rec/s where the first search starts, far below every job's MST: no hint of the truth
 FAR = (32, 64)
@@ -127,11 +124,10 @@ def first_decision_rows(jobs: dict[str, JobModel], rows: list[dict[str, Any]], s
 
 def print_first_decisions(console: Console, jobs: dict[str, JobModel], step_rows: list[dict[str, Any]],
                           seeds: int) -> None:
-    step = Table(title=f"a new job at 1 slot, its load x4 after an hour (to 3 or 6 slots' worth at one slot's rate), "
-                       f"without and with its plan; {seeds} seeds; median / worst", title_justify="left")
-    for column in ("job", "to", "plan", "scale-ups after the step", "first scale-up to", "held at (fewest)",
-                   "peak backlog (records)", "seconds beyond the target"):
-        step.add_column(column, justify="right")
+    step = table(f"a new job at 1 slot, its load x4 after an hour (to 3 or 6 slots' worth at one slot's rate), "
+                 f"without and with its plan; {seeds} seeds; median / worst", "job", "to", "plan",
+                 "scale-ups after the step", "first scale-up to", "held at (fewest)", "peak backlog (records)",
+                 "seconds beyond the target")
     for name, size, arm in itertools.product(jobs, STEP_SLOTS, ("without", "with")):
         mine = [r for r in step_rows if r["job"] == name and r["plan"] == arm and r["step_slots"] == size]
 
@@ -158,18 +154,16 @@ def main(
                                                         "largest: every candidate).")] = MIN_AFTER_CORNERS,
     first_decisions: Annotated[bool, typer.Option(help="Also run the new job's first decisions without and with "
                                                        "its plan.")] = True,
-    output: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS,
+    output: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS / "capacity_plan.json",
 ) -> None:
     console = Console(width=max(150, Console().width))
     jobs = {**scaling_truths(), "demo": demo_job_model().model()}
     rows = [one_plan(name, model, seed, max_slots, measure_s, sensibility, min_after_corners)
             for name, model in jobs.items() for seed in range(seeds)]
-    table = Table(title=f"capacity plans trained on 1-{max_slots} slots, {seeds} seeds per job, noise {NOISE:.1%} "
-                        "per 10-s window; error median / worst (by size)", title_justify="left")
-    for column in ("job", "models chosen", "error at 32", "error at 64", "answer for MST(32): slots",
-                   "sustained", "capacity oversize", "slots over a perfect plan's", "truth in interval", "flagged",
-                   "testbed slot-hours"):
-        table.add_column(column, justify="right")
+    out = table(f"capacity plans trained on 1-{max_slots} slots, {seeds} seeds per job, noise {NOISE:.1%} per 10-s "
+                "window; error median / worst (by size)", "job", "models chosen", "error at 32", "error at 64",
+                "answer for MST(32): slots", "sustained", "capacity oversize", "slots over a perfect plan's",
+                "truth in interval", "flagged", "testbed slot-hours")
     summaries = {}
     for name in jobs:
         mine = [r for r in rows if r["job"] == name]
@@ -186,7 +180,7 @@ def main(
             "models_disagree": sum(r["models_disagree"] for r in mine),
             "median_mst_error_sd": float(np.median([r["mst_error_sd"] for r in mine])),
         }
-        table.add_row(
+        out.add_row(
             name, chosen, _pct([r["error_at_32"] for r in mine]), _pct([r["error_at_64"] for r in mine]),
             f"{min(r['answer_slots'] or 0 for r in mine)}-{max(r['answer_slots'] or 0 for r in mine)} "
             f"(fewest {mine[0]['fewest_slots']})",
@@ -198,23 +192,18 @@ def main(
             f"{sum(r['models_disagree'] for r in mine)} of {len(mine)}",
             f"{sorted(r['testbed_slot_hours'] for r in mine)[len(mine) // 2]:.1f}",
         )
-    console.print(table)
+    console.print(out)
     step_rows: list[dict[str, Any]] = []
     if first_decisions:
         step_rows = first_decision_rows(jobs, rows, seeds)
         print_first_decisions(console, jobs, step_rows, seeds)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps({
-        "first_decisions": step_rows,
+    write_result(output, {
+        "first_decisions": step_rows, "summaries": summaries, "rows": rows,
         "settings": {"seeds": seeds, "max_slots": max_slots, "measure_s": measure_s, "settle_s": 60.0,
-                     "start_rate": START_RATE,
-                     "sensibility": sensibility, "min_after_corners": min_after_corners,
-                     "noise": NOISE}, "summaries": summaries, "rows": rows,
-        "code": code_version(("plan/capacity/scaling.py", "plan/capacity/mst.py", "plan/capacity/explore.py",
-                              "evaluation/testbed.py", "evaluation/jobmodel.py")),
-        "machine": machine_info()}, indent=1, default=str))
-    console.print(f"wrote {output}")
-
+                     "start_rate": START_RATE, "sensibility": sensibility, "min_after_corners": min_after_corners,
+                     "noise": NOISE},
+    }, ("capacity/scaling.py", "capacity/mst.py", "capacity/explore.py", "capacity/testbed.py",
+        "evaluation/jobmodel.py"), console)
 
 if __name__ == "__main__":
     app()

@@ -11,17 +11,15 @@ a timed test.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import numpy as np
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from bench.common import code_version, machine_info, summary
+from bench.common import RESULTS, summary, table, write_result
 from contracts.analyses import Analysis, ForecastView
 from contracts.jobs import JobConfig
 from contracts.plan_state import PlanState
@@ -29,7 +27,6 @@ from plan.capacity_estimate import Measured, SlotStats
 from plan.forecast_skill import ForecastSkill
 from plan.policies.default import CostPlanner, PlannerMemory
 
-RESULTS = Path(__file__).resolve().parent / "results" / "planner.json"
 GOAL_P99_MS = 50.0
 app = typer.Typer(add_completion=False, help=__doc__)
 console = Console()
@@ -68,7 +65,7 @@ def main(
     max_parallelism: Annotated[int, typer.Option(help="The job's maximum parallelism.")] = 64,
     horizon_minutes: Annotated[float, typer.Option(help="The planning horizon.")] = 60.0,
     seed: Annotated[int, typer.Option()] = 0,
-    output: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS,
+    output: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS / "planner.json",
 ) -> None:
     """Time `samples` planner decisions and print their latency percentiles."""
     planner = CostPlanner(horizon_s=horizon_minutes * 60)
@@ -85,29 +82,22 @@ def main(
         actions += plan.to_parallelism != analysis.parallelism
         planned += "plan_cost_slot_s" in plan.reason.numbers  # the search ran, whatever then held it
     stats = summary(latencies)
-    table = Table(title=f"default planner: one decision, horizon {horizon_minutes:g} min in "
-                        f"{planner.step_s:g}-s steps, max parallelism {max_parallelism}, {samples} decisions")
-    for column in ("measure", "value", "goal", ""):
-        table.add_column(column, justify="right" if column != "measure" else "left")
-    table.add_row("p50", f"{stats['p50']:.1f} ms", "", "")
-    table.add_row("p95", f"{stats['p95']:.1f} ms", "", "")
     # Every timed decision must have searched a schedule, or the latency measures a shortcut.
     ok = stats["p99"] <= GOAL_P99_MS and planned == samples
-    table.add_row("p99", f"{stats['p99']:.1f} ms", f"<= {GOAL_P99_MS:g} ms", "ok" if ok else "MISSED")
-    table.add_row("max", f"{stats['max']:.1f} ms", "", "")
-    table.add_row("decisions that planned a schedule", f"{planned} of {samples}", f"{samples}", "")
-    table.add_row("decisions that rescale", f"{actions} of {samples}", "", "")
-    console.print(table)
-    result: dict[str, Any] = {
+    out = table(f"default planner: one decision, horizon {horizon_minutes:g} min in {planner.step_s:g}-s steps, "
+                f"max parallelism {max_parallelism}, {samples} decisions", "measure", "value", "goal", "")
+    out.add_row("p50", f"{stats['p50']:.1f} ms")
+    out.add_row("p95", f"{stats['p95']:.1f} ms")
+    out.add_row("p99", f"{stats['p99']:.1f} ms", f"<= {GOAL_P99_MS:g} ms", "ok" if ok else "MISSED")
+    out.add_row("max", f"{stats['max']:.1f} ms")
+    out.add_row("decisions that planned a schedule", f"{planned} of {samples}", f"{samples}")
+    out.add_row("decisions that rescale", f"{actions} of {samples}")
+    console.print(out)
+    write_result(output, {
         "samples": samples, "max_parallelism": max_parallelism, "horizon_minutes": horizon_minutes,
         "step_s": planner.step_s, "latency_ms": stats, "goal_p99_ms": GOAL_P99_MS, "met": ok,
-        "planned_decisions": planned, "rescaling_decisions": actions, "machine": machine_info(),
-        "code": code_version(("plan/cost_plan.py", "plan/policies/default.py", "plan/capacity_estimate.py",
-                              "plan/level.py")),
-    }
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(result, indent=1))
-    console.print(f"results written to {output}")
+        "planned_decisions": planned, "rescaling_decisions": actions,
+    }, ("plan/cost_plan.py", "plan/policies/default.py", "plan/capacity_estimate.py", "plan/level.py"), console)
 
 
 if __name__ == "__main__":

@@ -11,19 +11,16 @@ JSON. The live figure comes from `autoscaler evaluate --live` runs (`python -m e
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from bench.common import code_version, machine_info
+from bench.common import RESULTS, table, write_result
 from evaluation.live import recovery_errors, simulated_replay
 from evaluation.suite import EvalSettings
 
-RESULTS = Path(__file__).resolve().parent / "results" / "recovery.json"
 SYNTHETIC_HOURS = {"sine": 6.0, "cos": 6.0}  # the live runs' replays; the recorded traces replay 24 h
 RECORDED_HOURS = 24.0
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -35,14 +32,13 @@ def main(
     seeds: Annotated[int, typer.Option(min=1)] = 5,
     job_model: Annotated[Path | None, typer.Option(help="A job-model file; default the demo job's.")] = None,
     minutes: Annotated[float, typer.Option(min=1.0, help="Length of each replay.")] = 15.0,
-    output: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS,
+    output: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS / "recovery.json",
 ) -> None:
     console = Console()
     settings = EvalSettings(peak=450, max_parallelism=4, seeds=seeds, job_model=str(job_model) if job_model else None)
-    table = Table(title=f"recovery predictions of the default policy, simulated ({settings.job().name} job model, "
-                        f"{seeds} noise seeds, {minutes:g}-min replays)")
-    for column in ("trace", "recoveries predicted", "median error", "worst error", "too long"):
-        table.add_column(column, justify="right")
+    out = table(f"recovery predictions of the default policy, simulated ({settings.job().name} job model, {seeds} "
+                f"noise seeds, {minutes:g}-min replays)", "trace", "recoveries predicted", "median error",
+                "worst error", "too long")
     per_trace: dict[str, Any] = {}
     pooled: list[dict[str, Any]] = []
     for name in [t.strip() for t in traces.split(",") if t.strip()]:
@@ -51,21 +47,18 @@ def main(
         recoveries = [r | {"trace": name, "seed": run["seed"]} for run in runs for r in run["recoveries"]]
         errors = recovery_errors(recoveries)
         per_trace[name] = {k: v for k, v in errors.items() if k != "rows"} | {"trace_hours": hours}
-        table.add_row(name, f"{errors['predicted']} of {errors['recoveries']}", str(errors["median_error"]),
+        out.add_row(name, f"{errors['predicted']} of {errors['recoveries']}", str(errors["median_error"]),
                       str(errors["max_error"]), str(errors["too_long"]))
         pooled += recoveries
     total = recovery_errors(pooled)
-    table.add_row("pooled", f"{total['predicted']} of {total['recoveries']}", str(total["median_error"]),
+    out.add_row("pooled", f"{total['predicted']} of {total['recoveries']}", str(total["median_error"]),
                   str(total["max_error"]), str(total["too_long"]), style="bold")
-    console.print(table)
-    result = {"settings": {"traces": traces, "seeds": seeds, "job_model": settings.job().name, "minutes": minutes,
-                           "peak": settings.peak, "max_parallelism": settings.max_parallelism},
-              "per_trace": per_trace, "pooled": {k: v for k, v in total.items() if k != "rows"},
-              "rows": total["rows"], "code": code_version(), "machine": machine_info()}
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(result, indent=1, default=str))
-    console.print(f"wrote {output}")
-
+    console.print(out)
+    write_result(output, {
+        "settings": {"traces": traces, "seeds": seeds, "job_model": settings.job().name, "minutes": minutes,
+                     "peak": settings.peak, "max_parallelism": settings.max_parallelism},
+        "per_trace": per_trace, "pooled": {k: v for k, v in total.items() if k != "rows"}, "rows": total["rows"],
+    }, console=console)
 
 if __name__ == "__main__":
     app()
