@@ -3,14 +3,13 @@ the proactive policies) the arrival-rate forecast; all kept in knowledge, publis
 
 from __future__ import annotations
 
-import json
 import logging
 
 from pydantic import ValidationError
 
+from analyze import kernel
 from analyze.forecast_pool import Forecasting
-from analyze.learning import Learned, forecast_config, forecast_view, learn, new_learned
-from analyze.true_rates import analyze_window
+from analyze.learning import forecast_view
 from contracts import metrics
 from contracts.dead_letters import Rejection, dead_letter
 from contracts.messages import MetricWindow
@@ -65,27 +64,22 @@ class AnalyzeAgent:
                 await self.publish("analyses", job, committed.encode())
             log.info("window %s of %s already analyzed; dropped the duplicate", window.window_end, job)
             return
-        fallback = await knowledge.last_valid_analysis(job) if window.records_in == 0 else None
-        analysis = analyze_window(window, fallback)
         config = await knowledge.job_config(job)
-        stored = await knowledge.learned(job)
-        learned = Learned.from_dict(stored) if stored else new_learned(config.anomaly_k, config.backlog_tolerance_s)
-        learned, capacity, recovery = learn(learned, window, analysis)
+        fallback = await knowledge.last_valid_analysis(job) if kernel.needs_fallback(window) else None
+        learned = kernel.load_learned(await knowledge.learned(job), config)
         forecast = None
-        # Not for a job whose policy plans without a forecast (plan says so in the plan state from the
-        # job's first window on; until then the forecast starts, as it may be needed).
-        if window.source is not None and (await knowledge.plan_state(job)).needs_forecast is not False:
+        # Plan's record of whether the job's policy plans with a forecast (docs/architecture.md).
+        needs_forecast = (await knowledge.plan_state(job)).needs_forecast if window.source is not None else None
+        settings = kernel.forecast_settings(window, config, needs_forecast)
+        if settings is not None and window.source is not None:
             # The forecast skips points it already has, so a redelivered window does not count twice.
-            settings = forecast_config(window.window_end - window.window_start, config.forecast_horizon_s,
-                                       config.forecast_wape_threshold, config.forecast_retrain_after,
-                                       config.forecast_min_points)
             forecast = forecast_view(await forecasting.step(job, window.source.arrival_rate, window.window_end,
                                                             settings))
-        analysis = analysis.model_copy(update={"capacity": capacity, "forecast": forecast, "recovery": recovery})
-        message = analysis.model_dump_json()
-        committed_now = await knowledge.commit_window(
-            job, "analyze", window.window_end, message, values={"learned": json.dumps(learned.to_dict())},
-        )
+        analyzed = kernel.analyze(window, config, learned, fallback, forecast)
+        analysis, recovery = analyzed.analysis, analyzed.analysis.recovery
+        message = analyzed.message()
+        committed_now = await knowledge.commit_window(job, kernel.STAGE, window.window_end, message,
+                                                      values=analyzed.values())
         if not committed_now:
             return  # another worker committed this window meanwhile and publishes it
         if recovery is not None:

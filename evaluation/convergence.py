@@ -2,9 +2,11 @@
 
 A 3-operator pipeline with per-operator parallelism runs a steady load from an under- or
 over-provisioned start. Each step, one window of its metric reports goes through the monitor's
-window folding, analyze's true rates and `plan.ds2.plan_ds2` (per-operator mode); the operators are
-set to the plan's targets, until the plan holds. DS2's claim: one step when operators scale
-linearly; at most three when they do not (each step measures the true rate at the new parallelism).
+window folding and analyze's kernel (the job's loop, `evaluation.loop.JobLoop`), then DS2's model
+itself, `plan.ds2.plan_ds2` (per-operator mode, without the controls a policy adds: the paper's
+experiment); the operators are set to the plan's targets, until the plan holds. DS2's claim: one
+step when operators scale linearly; at most three when they do not (each step measures the true
+rate at the new parallelism).
 
 The optimal parallelism of an operator is the fewest instances whose true capacity, at the target
 utilization, covers the records that reach it at the steady load.
@@ -16,11 +18,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from analyze.true_rates import analyze_window
 from contracts.decisions import Action
 from contracts.jobs import JobConfig
 from evaluation.jobmodel import JobModel, JobState, Operator, advance, report
-from monitor.windows import add_report, close_window
+from evaluation.loop import JobLoop
 from plan.ds2 import plan_ds2
 
 EPOCH = 1_700_000_000.0
@@ -74,16 +75,18 @@ def converge(model: JobModel, arrival_rate: float, start: Sequence[int], config:
     state = JobState(list(start))
     path: list[tuple[int, ...]] = []
     t = EPOCH
+    loop = JobLoop("ds2-convergence", config, interval_s=WINDOW_S)
     for _ in range(max_steps):
-        window = None
         outcome = advance(model, state, t, WINDOW_S, arrival_rate)
         # Steady state: DS2's claim is about sizing for the rate, so the source reports no backlog (an
         # under-provisioned window leaves one, which the plan would also drain: plan.ds2's catch-up).
         state.backlog = 0.0
         sent = report(model, state, "ds2-convergence", t + WINDOW_S, outcome, arrival_rate)
         assert sent is not None
-        window, _ = add_report(window, sent, WINDOW_S)
-        analysis = analyze_window(close_window(window, "ds2-convergence", WINDOW_S))
+        loop.fold(sent)
+        window = loop.close()
+        assert window is not None
+        analysis = loop.analyze(window)
         t += WINDOW_S
         plan = plan_ds2(analysis, config)
         targets = [plan.operator_targets[op.name] for op in model.operators] if plan.operator_targets else None

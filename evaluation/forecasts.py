@@ -11,8 +11,8 @@ import contextlib
 import time
 from dataclasses import dataclass
 
-from analyze.arima import fit_model
-from analyze.forecast import ForecastState, install_model, step
+from analyze.arima import ForecastConfig, fit_model
+from analyze.forecast import ForecastDecision, ForecastState, install_model, step
 from analyze.learning import forecast_config, forecast_view
 from contracts.analyses import ForecastView
 from contracts.jobs import JobConfig
@@ -40,35 +40,50 @@ class ForecastStream:
         return self.views[i] if i >= 0 else None
 
 
+class Forecaster:
+    """One job's forecaster in one process: analyze's forecast step (`analyze.forecast.step`) on its
+    state, with a refit it asks for made at once. Live, the refit runs in a process pool and is
+    installed a few seconds later (`analyze.forecast_pool`): before the next point, when points come
+    a minute apart; with points a window apart, possibly a window or two later."""
+
+    def __init__(self) -> None:
+        self.state = ForecastState()
+        self.model: bytes | None = None
+        self.refits = 0
+
+    def step(self, value: float, now: float, settings: ForecastConfig) -> ForecastDecision:
+        self.state, decision = step(self.state, [value], now, settings, self.model)
+        self.model = decision.model
+        if decision.retrain is not None:
+            self.refits += 1
+            fitted = None
+            with contextlib.suppress(Exception):
+                fitted = fit_model(decision.retrain.history, settings)
+            self.state, self.model = install_model(self.state, fitted, decision.retrain.request_id, settings,
+                                                   self.model)
+        return decision
+
+
 def forecast_stream(trace: Trace, config: JobConfig, step_s: float = FORECAST_STEP_S) -> ForecastStream:
     started = time.perf_counter()
     settings = forecast_config(step_s, config.forecast_horizon_s, config.forecast_wape_threshold,
                                config.forecast_retrain_after, config.forecast_min_points)
     per = max(1, round(step_s / trace.window_s))
     points = trace.rates[: (len(trace.rates) // per) * per].reshape(-1, per).mean(axis=1)
-    state, model = ForecastState(), None
+    forecaster = Forecaster()
     made_at: list[float] = []
     views: list[ForecastView | None] = []
     wapes: list[float] = []
     methods: list[str] = []
-    refits = 0
     for k, value in enumerate(points):
         now = EPOCH + (k + 1) * per * trace.window_s
-        state, decision = step(state, [float(value)], now, settings, model)
-        model = decision.model
+        decision = forecaster.step(float(value), now, settings)
         made_at.append(now)
         views.append(forecast_view(decision))
         methods.append(decision.method or "none")
         if decision.wape is not None:
             wapes.append(decision.wape)
-        if decision.retrain is not None:
-            # Live, the refit runs in a process pool and is installed a few seconds later: before
-            # the next point a minute later, as here.
-            refits += 1
-            fitted = None
-            with contextlib.suppress(Exception):
-                fitted = fit_model(decision.retrain.history, settings)
-            state, model = install_model(state, fitted, decision.retrain.request_id, settings, model)
+    refits = forecaster.refits
     return ForecastStream(made_at, views, wapes, methods, refits, time.perf_counter() - started)
 
 

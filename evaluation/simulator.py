@@ -1,42 +1,35 @@
 """The one simulator: a trace replayed into the job model under a policy, one metric window at a time.
 
 Each window, the job model (`evaluation.jobmodel`) sends the `MetricReport`s the Spark reporter
-would send (two per window); they go through the monitor's window folding (`monitor.windows`),
-analyze's true rates (`analyze.true_rates`) and, for policies that plan with a forecast, analyze's
-capacity model and recovery detector (`analyze.learning`) with the arrival-rate forecasts
-analyze would publish (`evaluation.forecasts`). The policy then plans through the same planner
-step as the plan agent (`plan.step.decide`), on a plan state kept in the in-memory knowledge base
-(`knowledge.MemoryKnowledge`). A rescale it asks for restarts the model, paying its downtime and the
-replay since the last checkpoint, while the policy is told it is rescaling (one rescale at a time,
-as execute's lock enforces). When the restart ends, the knowledge base records it as execute's
-does (`record_rescale_end`).
+would send (two per window). They go through the job's loop (`evaluation.loop.JobLoop`): the same
+kernels the agents run (monitor's window folding, analyze's true rates, capacity model, recovery
+detector and, for policies that plan with a forecast, the forecasts analyze would publish
+(`evaluation.forecasts`), then plan's planner step on the plan state in an in-memory knowledge
+base). A rescale the policy asks for restarts the model, paying its downtime and the replay since
+the last checkpoint, while the policy is told it is rescaling (one rescale at a time, as execute's
+lock enforces). When the restart ends, the loop records it as execute does.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from analyze.learning import learn, new_learned
-from analyze.true_rates import analyze_window
 from contracts.analyses import Analysis
 from contracts.decisions import Action
 from contracts.jobs import JobConfig
 from contracts.plan_state import PlanState
-from contracts.settings import Settings
 from evaluation.forecasts import ForecastStream
 from evaluation.jobmodel import EPOCH, JobModel, JobState, advance, report, rescale
+from evaluation.loop import JobLoop
 from evaluation.model_files import demo_job_model
 from evaluation.traces import Trace
-from knowledge.memory import MemoryKnowledge, run_now
-from monitor.windows import add_report, close_window
 from plan.policy import ScalingPolicy
-from plan.step import decide, to_decision
 
 WINDOW_S = 10.0  # the agents' default loop interval
 REPORTS_PER_WINDOW = 2  # the reporter's interval is half a window, so the backlog's growth is seen
@@ -45,31 +38,28 @@ REPORT_EARLY_S = 1e-3
 
 
 class PolicyRunner:
-    """A policy driven as the plan agent drives it: each window, the planner step on the plan state
-    read from an in-memory knowledge base, and the decision committed there with the state's changed
-    fields; when a rescale ends, the plan state updated as execute updates it."""
+    """A policy driven as the plan agent drives it: the job's loop (`evaluation.loop.JobLoop`) with
+    the policy, whose decisions are counted here (reasons, and each observed recovery beside its
+    prediction, as execute publishes them in `recovered` events)."""
 
-    def __init__(self, policy: ScalingPolicy, config: JobConfig, job_id: str = "eval") -> None:
+    def __init__(self, policy: ScalingPolicy, config: JobConfig, job_id: str = "eval",
+                 quota: int | None = None) -> None:
         self.policy = policy
         self.config = config
         self.name = policy.name
         self.job_id = job_id
-        self.knowledge = MemoryKnowledge(Settings())
+        self.loop = JobLoop(job_id, config, policy, interval_s=WINDOW_S, quota=quota)
+        self.knowledge = self.loop.knowledge
         self.reasons: Counter[str] = Counter()
-        # Each observed recovery beside its prediction, as execute publishes them (`recovered` events).
         self.recoveries: list[dict[str, Any]] = []
 
     @property
     def state(self) -> PlanState:
-        return run_now(self.knowledge.plan_state(self.job_id))
+        return self.loop.state
 
     def decide(self, analysis: Analysis, *, rescaling: bool) -> int | None:
         """The parallelism to rescale to, or None to hold."""
-        before = self.state
-        state, plan = decide(before.model_copy(update={"rescaling": rescaling}), analysis, self.config, self.policy)
-        message = to_decision(plan, analysis, self.config).model_dump_json()
-        run_now(self.knowledge.commit_window(self.job_id, "plan", analysis.window_end, message,
-                                             state_fields=state.changed_fields(before)))
+        plan = self.loop.decide(analysis, rescaling=rescaling).plan
         self.reasons[plan.reason.code] += 1
         self.recoveries += [{"at_s": analysis.window_end - EPOCH, **n.numbers} for n in plan.notices
                             if n.code == "recovered"]
@@ -79,9 +69,7 @@ class PolicyRunner:
 
     def on_rescaled(self, from_parallelism: int, to_parallelism: int, downtime_s: float, completed_at: float,
                     backend: str | None = None) -> None:
-        direction = "up" if to_parallelism > from_parallelism else "down"
-        run_now(self.knowledge.record_rescale_end(self.job_id, to_parallelism, completed_at, downtime_s, direction,
-                                                  backend))
+        self.loop.rescale_ended(from_parallelism, to_parallelism, to_parallelism, completed_at, downtime_s, backend)
 
     def planned_capacity(self, analysis: Analysis) -> float | None:
         return self.policy.planned_capacity(analysis, self.config)
@@ -219,8 +207,10 @@ def simulate(
     noise = rate_factors(len(trace.rates), seed, rate_noise) if factors is None else factors
     state = JobState([initial_parallelism] * (1 if model.fused else len(model.operators)),
                      restart_until=EPOCH + start_s if start_s > 0 else -math.inf)
-    learned = new_learned(config.anomaly_k, config.backlog_tolerance_s) if forecasts is not None else None
-    recent: deque[Analysis] = deque(maxlen=60)
+    loop = policy.loop if isinstance(policy, PolicyRunner) else JobLoop(job_id, config, interval_s=w)
+    job_id = loop.job_id
+    if forecasts is not None:
+        loop.forecaster = lambda window, _settings: forecasts.at(window.window_end)
     timeline = Timeline(window_s=w)
     ups = downs = ignored = 0
     capacity_errors: list[float] = []
@@ -228,7 +218,6 @@ def simulate(
     for i, rate in enumerate(trace.rates):
         start, end = EPOCH + i * w, EPOCH + (i + 1) * w
         rate = float(rate)
-        window = None
         for k in range(REPORTS_PER_WINDOW):
             s = start + k * half
             outcome = advance(model, state, s, half, rate, float(noise[i]))
@@ -236,7 +225,7 @@ def simulate(
             # report stamped on the boundary opens the next window, as live).
             sent = report(model, state, job_id, s + half - REPORT_EARLY_S, outcome, rate)
             if sent is not None:
-                window, _ = add_report(window, sent, w)
+                loop.fold(sent)
         if pending_completion is not None and pending_completion[2] <= end:
             from_p, downtime, completed_at = pending_completion
             # As the job runner reports it: how it changed the job.
@@ -244,6 +233,7 @@ def simulate(
                                "in_place" if model.in_place else "restart")
             pending_completion = None
         restarting = pending_completion is not None
+        window = loop.close(closed_at=end)
         true_capacity = model.capacity(state.parallelism if not model.fused else state.job_parallelism)
         timeline.t.append((i + 1) * w)
         timeline.arrival.append(rate)
@@ -253,14 +243,7 @@ def simulate(
         timeline.observed.append(window is not None)
         if window is None:
             continue  # the job was down the whole window: no reports, no window, no decision
-        closed = close_window(window, job_id, w).model_copy(update={"closed_at": end})
-        fallback = next((a.model_dump() for a in reversed(recent) if a.valid), None) if closed.records_in == 0 else None
-        analysis = analyze_window(closed, fallback)
-        if learned is not None and forecasts is not None:
-            learned, capacity, recovery = learn(learned, closed, analysis)
-            analysis = analysis.model_copy(update={"capacity": capacity, "forecast": forecasts.at(end),
-                                                   "recovery": recovery})
-        recent.append(analysis)
+        analysis = loop.analyze(window)
         estimate = policy.planned_capacity(analysis)
         if estimate is not None and not restarting:
             capacity_errors.append(abs(estimate - true_capacity) / true_capacity)

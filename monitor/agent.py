@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 
 from contracts import metrics
-from contracts.dead_letters import DeadLetter, Rejection, dead_letter
-from contracts.messages import MetricReport, MetricWindow
 from contracts.settings import Settings
 from contracts.stage import Incoming, Publish, Subscription, Timer, publish_per_key
 from knowledge import Knowledge
-from monitor.validation import parse_report
-from monitor.windows import RefusedReport, WindowState, add_report, already_applied
+from monitor import kernel
+from monitor.windows import WindowState
 
 log = logging.getLogger("autoscaler.monitor")
 
@@ -69,66 +66,26 @@ class MonitorAgent:
         return None
 
     async def process(self, records: list[Incoming]) -> None:
+        """The shell around `monitor.kernel`: read the registry and the open windows, fold, then
+        publish and save in the order the kernel's `Folded` states."""
         settings, knowledge, windows, registry = self.settings, self.knowledge, self.windows, self.registry
         topic = settings.topics.metrics
-        now = time.time()
-        rejected: list[DeadLetter] = []
-        accepted: list[tuple[MetricReport, Incoming]] = []
-        for record in records:
-            result = parse_report(record.value, record.key, settings.max_message_bytes, now, settings.max_clock_skew_s)
-            if isinstance(result, Rejection):
-                rejected.append(_dead(topic, record, result))
-            else:
-                accepted.append((result, record))
+        parsed = kernel.parse(records, topic, settings.max_message_bytes, time.time(), settings.max_clock_skew_s)
+        unknown = await registry.unknown(parsed.job_ids())
+        windows.update(await knowledge.load_windows(kernel.missing_windows(parsed, windows, unknown)))
+        folded = kernel.fold(windows, parsed, unknown, settings.loop_interval_s, topic)
+        windows.update(folded.changed)
 
-        unknown = await registry.unknown({report.job_id for report, _ in accepted})
-        missing = {r.job_id for r, _ in accepted if r.job_id not in windows and r.job_id not in unknown}
-        windows.update(await knowledge.load_windows(missing))
-
-        closed: list[MetricWindow] = []
-        dirty: set[str] = set()
-        accepted_per_job: Counter[str] = Counter()
-        redelivered = 0
-        for report, record in accepted:
-            job = report.job_id
-            partition, offset = record.partition, record.offset
-            if job in unknown:
-                rejected.append(_dead(topic, record, Rejection(
-                    "unknown_job", f"job {job!r} is not registered (autoscaler jobs register {job})")))
-                continue
-            state = windows.get(job)
-            if already_applied(state, partition, offset, report):
-                redelivered += 1  # after a restart or rebalance: already in the window, counted once
-                continue
-            try:
-                state, window = add_report(state, report, settings.loop_interval_s, partition, offset)
-            except RefusedReport as exc:  # late_report, duplicate_report
-                rejected.append(_dead(topic, record, Rejection(exc.reason, str(exc))))
-                continue
-            windows[job] = state
-            dirty.add(job)
-            accepted_per_job[job] += 1
-            if window is not None:
-                closed.append(window)
-
-        # Windows first (acknowledged by the broker), state second: a crash in between re-closes a
-        # window (analyze and plan drop the duplicate by its end) instead of losing it.
-        await publish_per_key(self.publish, "windows", [(window.job_id, window.to_bytes()) for window in closed])
-        for window in closed:
+        await publish_per_key(self.publish, "windows", [(w.job_id, w.to_bytes()) for w in folded.closed])
+        for window in folded.closed:
             metrics.WINDOWS_CLOSED.labels(window.job_id).inc()
-        for letter in rejected:
+        for letter in folded.rejected:
             await self.publish("dead_letter", letter.key or "", letter.to_bytes())
             # Only registered jobs get their own series: bad input must not grow the label set.
             job_label = letter.key if letter.key in registry.known else "(unregistered)"
             metrics.REPORTS_REJECTED.labels(job_label, letter.reason).inc()
             log.warning("dead-lettered a metric report: %s: %s", letter.reason, letter.detail[:200])
-        await knowledge.save_windows({job: windows[job] for job in dirty})
-        counts = {"reports_accepted": sum(accepted_per_job.values()), "reports_redelivered": redelivered}
-        counts.update(Counter(f"rejected:{letter.reason}" for letter in rejected))
-        await knowledge.incr_counters({k: v for k, v in counts.items() if v})
-        for job, n in accepted_per_job.items():
+        await knowledge.save_windows(folded.changed)
+        await knowledge.incr_counters(folded.counters())
+        for job, n in folded.accepted.items():
             metrics.REPORTS_ACCEPTED.labels(job).inc(n)
-
-
-def _dead(topic: str, record: Incoming, rejection: Rejection) -> DeadLetter:
-    return dead_letter(topic, record.value, record.key, rejection, "monitor", record.partition, record.offset)

@@ -1,5 +1,5 @@
-"""Plan: turn each analysis into a scaling decision (the planner step), within the slot quota,
-committed with the plan state and published."""
+"""Plan: the shell around `plan.kernel`: each analysis becomes a scaling decision, within the slot
+quota, committed with the plan state and published."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from contracts.decisions import Action
 from contracts.settings import Settings
 from contracts.stage import JOB_BATCH_MAX, JOB_BATCH_WITHIN_S, Incoming, Publish, Subscription, Timer, per_key
 from knowledge import Knowledge
+from plan import kernel
 from plan.cost_plan import warm_up
-from plan.step import decide, to_decision, with_quota
 
 log = logging.getLogger("autoscaler.plan")
 
@@ -60,20 +60,17 @@ class PlanAgent:
             return
         config = await knowledge.job_config(job)
         before = await knowledge.plan_state(job)
+        # Execute's lock: one rescale per job at a time (a declared cross-stage read).
         rescaling = await knowledge.lock_holder(job) is not None
-        state, plan = decide(before.model_copy(update={"rescaling": rescaling}), analysis, config)
-        quota = self.settings.slot_quota
-        if quota is not None and not rescaling:
-            scaling_up = plan.action is Action.SCALE_UP
-            wanted = plan.to_parallelism if scaling_up else analysis.parallelism
-            # A recommendation that will not be executed must not hold slots.
-            commit = not scaling_up or config.mode.value == "auto"
-            granted = await knowledge.reserve_slots(job, analysis.parallelism, wanted, quota, commit=commit)
-            state, plan = with_quota(state, plan, analysis.parallelism, granted, quota)
-        decision = to_decision(plan, analysis, config)
-        message = decision.model_dump_json()
-        if not await knowledge.commit_window(job, "plan", analysis.window_end, message,
-                                             state_fields=state.changed_fields(before)):
+        planned = kernel.plan(before, analysis, config, rescaling=rescaling, quota=self.settings.slot_quota)
+        granted = None
+        if planned.reserve is not None:
+            r = planned.reserve
+            granted = await knowledge.reserve_slots(job, r.current, r.wanted, r.quota, commit=r.commit)
+        decided = kernel.finish(planned, analysis, config, granted)
+        decision, plan, message = decided.decision, decided.plan, decided.message()
+        if not await knowledge.commit_window(job, kernel.STAGE, analysis.window_end, message,
+                                             state_fields=decided.state_fields):
             return  # another worker decided this window meanwhile and publishes its decision
         await self.publish("decisions", job, message.encode())
         metrics.DECISION_LATENCY.observe(max(0.0, time.time() - analysis.closed_at))

@@ -21,7 +21,7 @@ from plan.controls import align, even_parallelism, limit_step
 from plan.ds2 import plan_ds2
 from plan.policies.reactive import ReactivePolicy
 from plan.policy import Plan
-from plan.step import apply_quota, decide
+from plan.kernel import apply_quota, decide
 from tests.unit.test_ds2 import analysis
 
 # Every control that is not under test is neutral: no band, no delay, no restart cost, no waiting.

@@ -13,7 +13,7 @@ from contracts.decisions import Action
 from contracts.jobs import JobConfig
 from evaluation.jobmodel import JobModel, JobState, Operator, advance
 from plan.ds2 import operator_targets, plan_ds2
-from plan.step import to_decision
+from plan.kernel import to_decision
 
 
 def op(op_id: str, upstream: list[str], tpr: float, selectivity: float, p: int = 1,

@@ -11,7 +11,7 @@ from contracts.analyses import Analysis
 from contracts.jobs import JobConfig
 from contracts.plan_state import PlanState
 from plan.policies.default import CostPlanner
-from plan.step import to_decision
+from plan.kernel import to_decision
 
 
 def decision(t: float, action: str, frm: int, to: int, code: str, recommended: int | None = None) -> dict[str, Any]:

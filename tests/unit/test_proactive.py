@@ -23,7 +23,7 @@ from plan.policies.reactive import ReactivePolicy
 from plan.policy import Plan
 from plan.proactive import plan_proactive, predicted_recovery_s, recovery_notice, regression_capacity
 from plan.registry import policy_class
-from plan.step import decide
+from plan.kernel import decide
 from tests.unit.test_ds2 import analysis
 from tests.unit.test_monitor import fold, report
 

@@ -13,7 +13,7 @@ from contracts.settings import Settings
 from execute.agent import ExecuteAgent
 from knowledge import MemoryKnowledge
 from plan.agent import PlanAgent
-from plan.step import decide
+from plan.kernel import decide
 from tests.unit.test_ds2 import analysis, config
 
 # The job stopped at 264 s at 2 slots and was back to normal 30 s later at 4.

@@ -1,4 +1,13 @@
-"""The planner step: (plan state, analysis, job configuration) -> (plan state, decision). Pure.
+"""Plan's loop kernel: (plan state, analysis, job configuration) -> (plan state, decision). Pure.
+
+`plan` is the planner step and `finish` makes the decision; in between the shell carries out the
+one effect `plan` may declare, a slot reservation under the quota (`Reserve`, answered with the
+slots granted), because the quota is shared by every job and reserved atomically in knowledge.
+`Decided` declares what the shell commits, at once: the decision (plan's history and outbox) and
+the plan-state fields that changed. Reads the shell makes for it: the job's plan state and
+configuration, and whether execute holds the job's rescale lock (`rescaling`; one rescale per job at
+a time; a declared cross-stage read, see docs/architecture.md). The simulator (`evaluation.loop`)
+calls the same functions.
 
 Before any policy: autoscaling off for the job holds, and so does a rescale in flight (one at a
 time; the state's `rescaling`, which the plan agent sets from execute's lock). Then the job's
@@ -11,7 +20,7 @@ the plan agent's (it reserves slots atomically across jobs); `with_quota` applie
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from contracts.analyses import Analysis
 from contracts.decisions import Action, DecisionReason, ScalingDecision
@@ -20,6 +29,71 @@ from contracts.plan_state import PlanState
 from plan.policy import Plan, ScalingPolicy, hold
 from plan.proactive import after_executed_rescale, recovery_notice
 from plan.registry import UnknownPolicy, make_policy
+
+STAGE = "plan"
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """A declared effect: reserve up to `wanted` slots of `quota` for the job, never fewer than
+    `current`; with `commit`, the grant becomes the job's allocation. The shell answers with the
+    slots granted (`SlotQuota.reserve_slots`)."""
+
+    current: int
+    wanted: int
+    quota: int
+    commit: bool
+
+
+@dataclass(frozen=True)
+class Planned:
+    """The planner step's result before the quota: the state to keep, the plan, the reservation."""
+
+    before: PlanState
+    state: PlanState
+    plan: Plan
+    reserve: Reserve | None
+
+
+@dataclass(frozen=True)
+class Decided:
+    """The decision for the window and the plan-state fields it changed (JSON values)."""
+
+    state: PlanState
+    plan: Plan
+    decision: ScalingDecision
+    state_fields: dict[str, str]
+
+    def message(self) -> str:
+        return self.decision.model_dump_json()
+
+
+def plan(
+    before: PlanState, analysis: Analysis, config: JobConfig, *, rescaling: bool, quota: int | None,
+    policy: ScalingPolicy | None = None,
+) -> Planned:
+    """The planner step (`decide`) and, under a slot quota, the reservation it needs: a scale-up asks
+    for its target, any other plan keeps what the job has. A recommendation that will not be executed
+    (recommend mode) must not hold slots, so it is reserved without commit. Nothing is reserved while
+    a rescale is in flight."""
+    state, planned = decide(before.model_copy(update={"rescaling": rescaling}), analysis, config, policy)
+    reserve = None
+    if quota is not None and not rescaling:
+        scaling_up = planned.action is Action.SCALE_UP
+        wanted = planned.to_parallelism if scaling_up else analysis.parallelism
+        reserve = Reserve(analysis.parallelism, wanted, quota, commit=not scaling_up or config.mode is Mode.AUTO)
+    return Planned(before, state, planned, reserve)
+
+
+def finish(planned: Planned, analysis: Analysis, config: JobConfig, granted: int | None = None) -> Decided:
+    """The decision, within the slots `granted` when `planned.reserve` asked for them."""
+    state, chosen = planned.state, planned.plan
+    if planned.reserve is not None:
+        if granted is None:
+            raise ValueError("a plan that reserves slots needs the slots granted")
+        state, chosen = with_quota(state, chosen, analysis.parallelism, granted, planned.reserve.quota)
+    decision = to_decision(chosen, analysis, config)
+    return Decided(state, chosen, decision, state.changed_fields(planned.before))
 
 
 def decide(
