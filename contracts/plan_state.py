@@ -197,7 +197,11 @@ class PlanState(BaseModel):
                       direction: Direction | None, backend: str | None = None) -> PlanState:
         """What execute records when the runner reports the end of a rescale: the parallelism that
         runs, the stale windows to drop, when it ended, for a completed rescale its downtime, and how
-        the runner changed the job (`backend`, when it said)."""
+        the runner changed the job (`backend`, when it said). The end of a rescale recorded already
+        (the same end time and parallelism: a report redelivered after a crash) changes nothing, so its
+        downtime is not counted twice."""
+        if self.last_rescale_at == completed_at and self.parallelism == running:
+            return self
         downtimes = self.downtimes
         if downtime_s is not None and direction is not None:
             downtimes = downtimes.add(direction, downtime_s)

@@ -11,7 +11,10 @@ runner applies a decision id once, the lock is re-entered by the decision that h
 The order of the effects is what makes a crash between any two of them harmless:
 - a rescale is tracked before its command is published, so the runner's report always finds it;
 - the plan state is recorded before the outcome event, and the rescale is forgotten and the lock
-  freed only after that event: until then a redelivered report finds the rescale and ends it again;
+  freed only after that event: until then a redelivered report finds the rescale and ends it again
+  (recording the same end twice changes nothing, `PlanState.after_rescale`); the rescale is forgotten
+  before the lock is freed (freed first, another decision could take the lock and track its rescale
+  before this one is forgotten), and a report redelivered in between frees the lock it still holds;
 - a decision is marked done last: until then a redelivery finishes the same execution, under the
   same fencing token, and after it the decision is never executed again.
 
@@ -226,8 +229,10 @@ def on_lock(decision: ScalingDecision, *, token: int | None, holder: LockHolder 
 def on_report(report: RunnerReport, *, tracked: InFlight | None, now: float) -> Step:
     """A job runner's report, given the job's rescale in flight.
 
-    `started` changes nothing (the rescale is under way). A report of no rescale in flight (an old
-    one, redelivered after the rescale ended) is ignored. Else the rescale has ended: the plan state
+    `started` changes nothing (the rescale is under way). A report of no rescale in flight (one
+    redelivered after the rescale ended) changes nothing but the lock: held still by the command it
+    answers (its token and decision), it is freed, as it would have been had the worker that ended the
+    rescale not died between forgetting it and freeing the lock. Else the rescale has ended: the plan state
     records what runs now, when, the downtime (measured only for a completed rescale), the direction
     and how the runner changed the job; `completed` or `failed` goes out (a failure that stopped
     between the two parallelisms says so: `partially_applied`); the rescale is forgotten and the
@@ -236,7 +241,8 @@ def on_report(report: RunnerReport, *, tracked: InFlight | None, now: float) -> 
         return Step()
     job = report.job_id
     if tracked is None or tracked.decision_id != report.decision_id:
-        return Step(ignored=f"runner report for {report.decision_id} matches no rescale in flight; ignored")
+        return Step((ReleaseLock(job, report.fencing_token, report.decision_id),),
+                    ignored=f"runner report for {report.decision_id} matches no rescale in flight (ended already)")
     completed = report.status is RunnerStatus.COMPLETED
     outcome = ScalingEvent(
         event_id=event_id(report.decision_id, "outcome"), decision_id=report.decision_id, job_id=job,
