@@ -40,9 +40,9 @@ log = logging.getLogger("autoscaler")
 # Faust hard-codes fetch_max_wait_ms=1500 for its worker consumer. Apache Kafka answers a waiting
 # fetch as soon as data arrives, so there the value only matters when idle. The embedded tansu
 # broker sees data that arrives during a wait only when it re-checks, after half the wait, so each
-# agent hop cost up to 0.75 s (p99 report -> decision: 2.2 s). 50 ms keeps p99 well under 250 ms
-# (bench/ingest.py); the price is more empty fetches while idle (a few % CPU). The value is the
-# setting `AUTOSCALER_BROKER_FETCH_MAX_WAIT_MS`.
+# agent hop can cost half the wait; a short wait bounds that, at the price of more empty fetches
+# while idle (see docs/results.md, "Measurements moved from docstrings"). The value is the setting
+# `AUTOSCALER_BROKER_FETCH_MAX_WAIT_MS`.
 
 # Records per poll. Uncapped, Faust delivers everything aiokafka prefetched (~1 MiB per partition)
 # before it polls again; behind a backlog on a busy machine that took over max_poll_interval, the

@@ -57,7 +57,8 @@ def _mount_capacity() -> None:
 
 
 # The commands whose modules load more than the agents need: the capacity planner alone loads scipy,
-# scikit-learn and pandas (about 5 s and 250 MB). Each is mounted only when it is the command run, or
+# scikit-learn and pandas (the time and memory it takes: see
+# docs/results.md, "Measurements moved from docstrings"). Each is mounted only when it is the command run, or
 # when the command line names none (help), so an agent worker or a `jobs register` loads none of them.
 HEAVY_COMMANDS = {"job": _mount_job, "load": _mount_load, "evaluate": _mount_evaluation,
                   "calibrate": _mount_evaluation, "bench": _mount_evaluation, "capacity": _mount_capacity}

@@ -51,8 +51,8 @@ from knowledge import Knowledge, RedisKnowledge
 
 PAGE_SIZE = 50
 AGENT_TIMEOUT_S = 1.0
-# Job rows read at once. Each takes five Redis connections of the client's pool (100 by default);
-# read 8 at a time, a page of 50 took 780 ms with 1,001 jobs registered on a slower 2-core machine.
+# Job rows read at once. Each takes five Redis connections of the client's pool (100 by default), so
+# 16 rows stay within it (page times: docs/results.md, "Measurements moved from docstrings").
 CONCURRENT_ROWS = 16
 
 

@@ -29,7 +29,7 @@ STALE_WINDOW_BUDGET = 3
 # Measured restarts kept per direction (the restart-time estimates look back over these).
 DOWNTIMES_KEPT = 10
 # A scale-in restarts in about half a scale-out's time (no new resources to start): Daedalus's priors
-# are 30 s out and 15 s in (3.4); live, the Spark job's took 7.4-17.3 s in against 16.3-25.4 s out.
+# are 30 s out and 15 s in (3.4). The Spark job's: see docs/results.md, "Measurements moved from docstrings".
 DOWN_TO_UP = 0.5
 
 

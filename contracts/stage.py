@@ -54,11 +54,10 @@ async def per_key(records: list[Incoming], handle: Callable[[Incoming], Awaitabl
     """Handle each key's records in order and different keys' records concurrently.
 
     A stage's work per record is mostly waiting (knowledge round trips, a forecast step in a thread);
-    handled one after another, the records of a worker's many jobs queued behind each other's waits
-    (two workers on 2 cores decided about 75 windows/s with 40 % of a core taken, bench/load.py). One
-    job's records stay in order. Every
-    record's handler finishes before the first error is raised, so a retried batch never overlaps
-    work still under way."""
+    handled one after another, the records of a worker's many jobs would queue behind each other's
+    waits (see docs/results.md, "Measurements moved from docstrings"). One job's
+    records stay in order. Every record's handler finishes before the first error is raised, so a
+    retried batch never overlaps work still under way."""
     groups: dict[bytes | None, list[Incoming]] = {}
     for record in records:
         groups.setdefault(record.key, []).append(record)

@@ -5,8 +5,8 @@ It starts a broker of its own for each measurement and runs the job in this proc
 does (restart backend):
   warm-up           the job at one slot under a low constant load for `warm_up_s`: Spark's fixed cost
                     per micro-batch falls over its first hundred or so batches in a process (the
-                    JVM compiles the driver's per-batch path; live, from 1.7 s to 0.25 s in two
-                    minutes), and a live job runs warm after its first minutes, restarts included
+                    JVM compiles the driver's per-batch path; see docs/spark.md for the curve),
+                    and a live job runs warm after its first minutes, restarts included
                     (the JVM outlives them). Every later measurement runs in the same, warm, JVM;
   per parallelism   a backlog of `work_s` seconds of work per slot, drained by the job: the DS2 true
                     rate per slot (records per busy second), the records per second it drains

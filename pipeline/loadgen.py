@@ -165,8 +165,8 @@ class LoadResult:
 # timestamps still follow the shape (records are created on time); only their delivery is grouped.
 # Why not Kafka's usual 5 ms: the embedded broker (tansu 0.6, memory storage) lists every record batch
 # a partition has ever stored on each Fetch and ListOffsets, and it deletes nothing, so each request
-# costs in proportion to the batches stored. At 300 records/s, 5 ms made about 300 batches a second
-# and the broker saturated a core within 7 minutes (docs/spark.md, "Why the live job slowed down").
+# costs in proportion to the batches stored: fewer, larger batches keep it from saturating a core
+# (docs/spark.md, "Why the live job slowed down").
 LINGER_MS = 250.0
 
 

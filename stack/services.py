@@ -220,8 +220,9 @@ def start_job_runner(
 
 
 def wait_until_running(runner: Popen[bytes], log_path: Path, timeout: float = 120.0) -> float:
-    """Wait until the job runner's log says the job runs (Spark's start-up takes 20-40 s here); the
-    seconds waited. A load that starts before would meet a backlog of Spark's start-up, not its own."""
+    """Wait until the job runner's log says the job runs; the seconds waited. A load that starts
+    before would meet a backlog of Spark's start-up, not its own. RuntimeError if the runner exits
+    first, TimeoutError after `timeout` seconds."""
     began = time.monotonic()
     while "runs at parallelism" not in (log_path.read_text() if log_path.exists() else ""):
         if runner.poll() is not None:
