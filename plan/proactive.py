@@ -104,7 +104,7 @@ def predicted_recovery_s(
     else:
         values, step_s = [analysis.arrival_rate], config.target_recovery_s
     # A prediction of what will be observed: the typical restart, not the planner's slowest recent one,
-    # and nothing replayed. The job stops between micro-batches (`pipeline.kafka_source.stop_between_batches`:
+    # and nothing replayed. The job stops between micro-batches (`pipeline.source_control.stop_between_batches`:
     # the batch in flight completes and commits, none starts), so the restarted query resumes at the first
     # record not yet processed. The replay of a stop that interrupts a batch (`checkpoint_interval_s`, the
     # worst case) stays in the planner's choice, where it is a safety margin, not an expectation.
