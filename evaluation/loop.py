@@ -10,7 +10,9 @@ The agents are shells around pure kernels (`monitor.kernel`, `analyze.kernel`, `
 - plan: `decide` runs the planner step and the decision on the plan state, which lives in an
   in-memory knowledge base (`knowledge.MemoryKnowledge`, the same behaviour as Redis), with the slot
   quota reserved there when one is set; decisions are committed there as plan commits them;
-- execute: `rescale_ended` records the end of a rescale in the plan state as execute does.
+- execute: `execute` carries out a decision with execute's own steps and shell (the lock, the rescale
+  in flight, the command, the events); `rescale_completed` is the job runner's answer, which ends
+  the rescale and records it in the plan state. `rescaling` is execute's lock, as plan reads it.
 
 Kept here rather than in knowledge, for speed, with the same meaning: the open window, the learned
 state and the last 60 analyses (the fallback of an idle window, `last_valid_analysis`).
@@ -24,11 +26,15 @@ from collections.abc import Callable
 from analyze import kernel as analyze_kernel
 from analyze.arima import ForecastConfig
 from contracts.analyses import Analysis, ForecastView
+from contracts.backends import BackendKind
+from contracts.decisions import RescaleCommand, RunnerReport, RunnerStatus, ScalingDecision, ScalingEvent
 from contracts.jobs import JobConfig
 from contracts.messages import MetricReport, MetricWindow
 from contracts.plan_state import PlanState
 from contracts.settings import Settings
 from contracts.stage import Incoming
+from execute.agent import ExecuteAgent
+from execute.kernel import COMMANDS
 from knowledge.memory import MemoryKnowledge, run_now
 from monitor import kernel as monitor_kernel
 from monitor.windows import WindowState
@@ -64,6 +70,9 @@ class JobLoop:
         self.open: WindowState | None = None
         self.learned = analyze_kernel.start_learned(config)
         self.recent: deque[Analysis] = deque(maxlen=FALLBACK_SCAN)
+        self.executor = ExecuteAgent(self.knowledge.settings, self.knowledge, self._publish)
+        self.sent: list[tuple[str, str, bytes]] = []
+        self.events: list[ScalingEvent] = []  # what execute published, in order
 
     # ------------------------------------------------------------------ monitor
 
@@ -107,8 +116,10 @@ class JobLoop:
     def state(self) -> PlanState:
         return run_now(self.knowledge.plan_state(self.job_id))
 
-    def decide(self, analysis: Analysis, *, rescaling: bool) -> plan_kernel.Decided:
-        """The decision for the window (committed with its plan-state changes, as plan commits it)."""
+    def decide(self, analysis: Analysis, *, rescaling: bool | None = None) -> plan_kernel.Decided:
+        """The decision for the window (committed with its plan-state changes, as plan commits it);
+        `rescaling` defaults to whether execute holds the job's lock, as plan reads it."""
+        rescaling = self.rescaling if rescaling is None else rescaling
         planned = plan_kernel.plan(self.state, analysis, self.config, rescaling=rescaling, quota=self.quota,
                                    policy=self.policy)
         granted = None
@@ -122,8 +133,40 @@ class JobLoop:
 
     # ------------------------------------------------------------------ execute
 
-    def rescale_ended(self, from_parallelism: int, to_parallelism: int, running: int, completed_at: float,
-                      downtime_s: float | None, backend: str | None = None) -> None:
-        """Execute's record of a rescale's end in the plan state."""
-        direction = "up" if to_parallelism > from_parallelism else "down"
-        run_now(self.knowledge.record_rescale_end(self.job_id, running, completed_at, downtime_s, direction, backend))
+    @property
+    def rescaling(self) -> bool:
+        """Whether a rescale of the job is in flight (execute holds its lock)."""
+        return run_now(self.knowledge.lock_holder(self.job_id)) is not None
+
+    def execute(self, decision: ScalingDecision) -> RescaleCommand | None:
+        """Execute's steps for the decision (`execute.kernel`, performed by execute's own shell on the
+        in-memory knowledge); the command sent to the job's runner, if one was."""
+        self.sent.clear()
+        run_now(self.executor.execute(decision))
+        commands = [RescaleCommand.model_validate_json(value) for topic, _, value in self.sent if topic == COMMANDS]
+        self.events += [ScalingEvent.model_validate_json(value) for topic, _, value in self.sent
+                        if topic == "scaling_events"]
+        return commands[-1] if commands else None
+
+    def runner_report(self, report: RunnerReport) -> None:
+        """The job runner's answer to a command: execute ends the rescale (`execute.kernel.on_report`)."""
+        self.sent.clear()
+        run_now(self.executor.on_report(report.to_bytes()))
+        self.events += [ScalingEvent.model_validate_json(value) for topic, _, value in self.sent
+                        if topic == "scaling_events"]
+
+    def rescale_completed(self, running: int, completed_at: float, downtime_s: float | None,
+                          backend: BackendKind | None = None) -> None:
+        """The runner's `completed` report for the rescale in flight."""
+        tracked = run_now(self.knowledge.inflight(self.job_id))
+        if tracked is None:
+            raise RuntimeError(f"no rescale of {self.job_id} is in flight")
+        self.runner_report(RunnerReport(
+            decision_id=tracked.decision_id, job_id=self.job_id, status=RunnerStatus.COMPLETED,
+            from_parallelism=tracked.from_parallelism, to_parallelism=tracked.to_parallelism,
+            running_parallelism=running, fencing_token=tracked.token, downtime_s=downtime_s,
+            timestamp=completed_at, backend=backend,
+        ))
+
+    async def _publish(self, topic: str, key: str, value: bytes) -> None:
+        self.sent.append((topic, key, value))

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from contracts.analyses import Analysis
-from contracts.decisions import Action
+from contracts.backends import BackendKind
 from contracts.jobs import JobConfig
 from contracts.plan_state import PlanState
 from evaluation.forecasts import ForecastStream
@@ -58,18 +58,20 @@ class PolicyRunner:
         return self.loop.state
 
     def decide(self, analysis: Analysis, *, rescaling: bool) -> int | None:
-        """The parallelism to rescale to, or None to hold."""
-        plan = self.loop.decide(analysis, rescaling=rescaling).plan
+        """The parallelism execute sends the job to, or None. `rescaling` is the simulator's view; plan
+        reads execute's lock, which holds the same: from the decision to the runner's answer."""
+        decided = self.loop.decide(analysis)
+        plan = decided.plan
         self.reasons[plan.reason.code] += 1
         self.recoveries += [{"at_s": analysis.window_end - EPOCH, **n.numbers} for n in plan.notices
                             if n.code == "recovered"]
-        if plan.action is Action.NONE or plan.to_parallelism == analysis.parallelism:
-            return None
-        return plan.to_parallelism
+        command = self.loop.execute(decided.decision)
+        return None if command is None else command.to_parallelism
 
     def on_rescaled(self, from_parallelism: int, to_parallelism: int, downtime_s: float, completed_at: float,
                     backend: str | None = None) -> None:
-        self.loop.rescale_ended(from_parallelism, to_parallelism, to_parallelism, completed_at, downtime_s, backend)
+        self.loop.rescale_completed(to_parallelism, completed_at, downtime_s,
+                                    BackendKind(backend) if backend is not None else None)
 
     def planned_capacity(self, analysis: Analysis) -> float | None:
         return self.policy.planned_capacity(analysis, self.config)
@@ -248,7 +250,11 @@ def simulate(
         if estimate is not None and not restarting:
             capacity_errors.append(abs(estimate - true_capacity) / true_capacity)
         wanted = policy.decide(analysis, rescaling=restarting)
-        if wanted is None or wanted == state.job_parallelism:
+        if wanted is None:
+            continue
+        if wanted == state.job_parallelism:
+            # Already there (the job model changed since the window's reports): the runner answers at once.
+            policy.on_rescaled(wanted, wanted, 0.0, end, "in_place" if model.in_place else "restart")
             continue
         if restarting:
             ignored += 1  # one rescale at a time, as execute's lock enforces

@@ -76,7 +76,10 @@ class ExecuteAgent:
     async def apply(self, value: bytes) -> None:
         """Execute a decision. Safe to repeat: a redelivered decision (a worker died mid-way) finishes
         the same execution, under the same fencing token, and is never executed a second time."""
-        decision = ScalingDecision.model_validate_json(value)
+        await self.execute(ScalingDecision.model_validate_json(value))
+
+    async def execute(self, decision: ScalingDecision) -> None:
+        """`apply` for a decision already read (the simulator's loop, `evaluation.loop`, calls it)."""
         job, timeout = decision.job_id, self.settings.rescale_timeout_s
         done = await self.knowledge.decision_done(job, decision.decision_id)
         holder = None if done else await self.knowledge.lock_holder(job)

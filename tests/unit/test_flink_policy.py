@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -11,10 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contracts.analyses import Analysis
+from contracts.decisions import Action
 from contracts.jobs import JobConfig
+from contracts.plan_state import Direction
 from evaluation.jobmodel import EPOCH, JobModel, Operator
+from evaluation.loop import JobLoop
 from evaluation.simulator import PolicyRunner, simulate
 from evaluation.traces import Trace
+from knowledge.memory import run_now
 from plan.policies.flink import FlinkMemory, FlinkPolicy, align_to_partitions
 
 WINDOW_S = 10.0
@@ -35,30 +40,37 @@ def window(
 
 
 class Flink:
-    """The policy through the planner step as the plan agent and the simulator drive it."""
+    """The policy through plan's kernel on the job's loop (`evaluation.loop.JobLoop`), with the rescales'
+    ends recorded as execute records them; what the loop would then execute is left out."""
 
     def __init__(self, min_parallelism: int = 1, max_parallelism: int = 200, **parameters: Any) -> None:
         self.policy = FlinkPolicy(**parameters)
-        self.runner = PolicyRunner(self.policy, JobConfig(min_parallelism=min_parallelism,
-                                                          max_parallelism=max_parallelism))
-        self.reasons = self.runner.reasons
+        self.loop = JobLoop("sim", JobConfig(min_parallelism=min_parallelism, max_parallelism=max_parallelism),
+                            self.policy)
+        self.reasons: Counter[str] = Counter()
         self.max_scale_down_factor = self.policy.max_scale_down_factor
 
     def decide(self, analysis: Analysis, *, rescaling: bool) -> int | None:
-        return self.runner.decide(analysis, rescaling=rescaling)
+        plan = self.loop.decide(analysis, rescaling=rescaling).plan
+        self.reasons[plan.reason.code] += 1
+        if plan.action is Action.NONE or plan.to_parallelism == analysis.parallelism:
+            return None
+        return plan.to_parallelism
 
     def on_rescaled(self, to_parallelism: int, downtime_s: float, completed_at: float) -> None:
-        self.runner.on_rescaled(1, to_parallelism, downtime_s, completed_at)
+        # What execute records when the runner reports the end (execute.kernel.on_report).
+        run_now(self.loop.knowledge.record_rescale_end("sim", to_parallelism, completed_at, downtime_s,
+                                                       Direction.of(1, to_parallelism)))
 
     def expected_restart_time_s(self) -> float:
-        return self.policy.expected_restart_time_s(self.runner.state)
+        return self.policy.expected_restart_time_s(self.loop.state)
 
     def target_capacity(self, arrival_rate: float, backlog: float, utilization: float, restart_time_s: float) -> float:
         return self.policy.target_capacity(arrival_rate, backlog, utilization, restart_time_s)
 
     @property
     def scale_down_first_trigger(self) -> float | None:
-        return FlinkMemory.model_validate(self.runner.state.policy_state).scale_down_first_trigger
+        return FlinkMemory.model_validate(self.loop.state.policy_state).scale_down_first_trigger
 
 
 def run(policy: Flink, start: float, end: float, **window_fields: object) -> dict[float, int | None]:
@@ -106,8 +118,8 @@ def test_restart_time_is_the_fixed_option_unless_tracking_is_on() -> None:
     assert policy.expected_restart_time_s() == 300.0
     tracking = compressed(restart_time_s=300.0, track_restart_time=True, restart_time_limit_s=900.0)
     assert tracking.expected_restart_time_s() == 300.0  # no samples yet
-    for downtime in (20.0, 45.0, 30.0):
-        tracking.on_rescaled(4, downtime, EPOCH + 100)
+    for i, downtime in enumerate((20.0, 45.0, 30.0)):
+        tracking.on_rescaled(4, downtime, EPOCH + 100 + i)  # three rescales, each ended once
     assert tracking.expected_restart_time_s() == 45.0  # the largest recent one
     tracking.on_rescaled(4, 5000.0, EPOCH + 200)
     assert tracking.expected_restart_time_s() == 900.0  # capped
@@ -266,7 +278,7 @@ def test_its_memory_lives_in_the_plan_state_so_a_new_worker_continues() -> None:
     policy = compressed(metrics_window_s=60.0)
     run(policy, 10, 40)
     successor = compressed(metrics_window_s=60.0)
-    successor.runner.knowledge = policy.runner.knowledge  # a restarted plan agent reads the same knowledge
+    successor.loop.knowledge = policy.loop.knowledge  # a restarted plan agent reads the same knowledge
     assert first_decision(run(successor, 50, 70)) == (70, 5)
 
 
@@ -279,7 +291,8 @@ def test_in_the_simulator_it_catches_up_then_settles_after_the_scale_down_interv
     job = JobModel((Operator("job", 100.0),), partitions=64, checkpoint_interval_s=0.0, downtime_up_s=20.0,
                    downtime_down_s=20.0)
     load = Trace("constant", np.full(180, 1000.0), 10.0, "1000 rec/s")
-    result = simulate(load, job, policy.runner, policy.runner.config, 4, 60.0, rate_noise=0.0)
+    config = policy.loop.config
+    result = simulate(load, job, PolicyRunner(policy.policy, config), config, 4, 60.0, rate_noise=0.0)
     changes = [(t, p) for t, p, before in zip(result.timeline.t[1:], result.timeline.parallelism[1:],
                                                result.timeline.parallelism[:-1], strict=True) if p != before]
     assert [p for _, p in changes] == [32, 16]

@@ -177,7 +177,7 @@ def test_records_are_conserved(
 
 def window(utilization: float, parallelism: int, window_end: float = EPOCH + 1000, **extra: object) -> Analysis:
     fields: dict[str, object] = {
-        "job_id": "sim", "window_end": window_end, "parallelism": parallelism, "valid": True,
+        "job_id": "eval", "window_end": window_end, "parallelism": parallelism, "valid": True,
         "true_processing_rate": 100.0, "true_output_rate": 100.0,
         "observed_processing_rate": 100.0 * utilization * parallelism, "utilization": utilization,
         "arrival_rate": 100.0 * utilization * parallelism, "backlog": 0, "closed_at": window_end,
@@ -185,19 +185,34 @@ def window(utilization: float, parallelism: int, window_end: float = EPOCH + 100
     return Analysis.model_validate(fields | extra)
 
 
+def verdict(analysis: Analysis) -> int | None:
+    """What a fresh job's loop sends it to: the threshold policy's plan, executed."""
+    return PolicyRunner(ThresholdPolicy(), CONFIG).decide(analysis, rescaling=False)
+
+
 def test_threshold_scales_only_outside_its_band_to_the_midpoint() -> None:
+    assert verdict(window(0.9, 4)) == 6  # ceil(4 x 0.9 / 0.65)
+    assert verdict(window(0.8, 4)) is None
+    assert verdict(window(0.5, 10)) is None
+    assert verdict(window(0.3, 10)) == 5  # ceil(10 x 0.3 / 0.65)
+    assert verdict(window(1.0, 30)) == 32  # bounded
+    assert verdict(window(0.95, 4, valid=False, invalid_reason="x")) is None
+
+
+def test_one_rescale_at_a_time_while_execute_holds_the_lock() -> None:
     policy = PolicyRunner(ThresholdPolicy(), CONFIG)
-    assert policy.decide(window(0.9, 4), rescaling=False) == 6  # ceil(4 x 0.9 / 0.65)
-    assert policy.decide(window(0.8, 4), rescaling=False) is None
-    assert policy.decide(window(0.5, 10), rescaling=False) is None
-    assert policy.decide(window(0.3, 10), rescaling=False) == 5  # ceil(10 x 0.3 / 0.65)
-    assert policy.decide(window(1.0, 30), rescaling=False) == 32  # bounded
-    assert policy.decide(window(0.95, 4), rescaling=True) is None
-    assert policy.decide(window(0.95, 4, valid=False, invalid_reason="x"), rescaling=False) is None
+    assert policy.decide(window(0.9, 4, window_end=EPOCH + 10), rescaling=False) == 6
+    assert policy.loop.rescaling
+    assert policy.decide(window(0.95, 4, window_end=EPOCH + 20), rescaling=True) is None
+    assert policy.reasons["rescale_in_progress"] == 1
+    policy.on_rescaled(4, 6, 20.0, completed_at=EPOCH + 30)
+    assert not policy.loop.rescaling
+    assert [e.type.value for e in policy.loop.events] == ["started", "completed"]
 
 
 def test_threshold_waits_five_minutes_after_a_completed_rescale() -> None:
     policy = PolicyRunner(ThresholdPolicy(), CONFIG)
+    assert policy.decide(window(0.9, 4, window_end=EPOCH + 990), rescaling=False) == 6
     policy.on_rescaled(4, 6, 20.0, completed_at=EPOCH + 1000)
     assert policy.decide(window(0.95, 6, window_end=EPOCH + 1299), rescaling=False) is None
     assert policy.decide(window(0.95, 6, window_end=EPOCH + 1300), rescaling=False) == 9
