@@ -10,8 +10,8 @@ from agent.explain import decision_table, is_suppression, summary
 from contracts.analyses import Analysis
 from contracts.jobs import JobConfig
 from contracts.plan_state import PlanState
-from plan.policies.default import CostPlanner
 from plan.kernel import to_decision
+from plan.policies.default import CostPlanner
 
 
 def decision(t: float, action: str, frm: int, to: int, code: str, recommended: int | None = None) -> dict[str, Any]:

@@ -7,8 +7,8 @@ from typing import Any
 from contracts.decisions import Action
 from contracts.jobs import JobConfig
 from contracts.plan_state import PlanState
-from plan.policies.reactive import ReactivePolicy
 from plan.kernel import decide
+from plan.policies.reactive import ReactivePolicy
 from tests.unit.test_ds2 import analysis
 
 CONFIG = JobConfig(

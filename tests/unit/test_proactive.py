@@ -17,13 +17,13 @@ from contracts.decisions import Action
 from contracts.jobs import JobConfig
 from contracts.messages import MetricWindow, SourceWindow
 from contracts.plan_state import Downtimes, PendingRecovery, PlanState
+from plan.kernel import decide
 from plan.policies.daedalus import DaedalusPolicy
 from plan.policies.hybrid import HybridPolicy
 from plan.policies.reactive import ReactivePolicy
 from plan.policy import Plan
 from plan.proactive import plan_proactive, predicted_recovery_s, recovery_notice, regression_capacity
 from plan.registry import policy_class
-from plan.kernel import decide
 from tests.unit.test_ds2 import analysis
 from tests.unit.test_monitor import fold, report
 
