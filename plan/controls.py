@@ -1,22 +1,21 @@
-"""The production controls a guarded policy runs inside (after the Flink autoscaler, FLIP-271).
+"""What the production controls compute (after the Flink autoscaler, FLIP-271): the step factors,
+partition alignment, the scale-up effectiveness check, the backlog heading beyond its target, and
+rates averaged over the metrics window.
 
-Each control is pure: the window's analysis, the job's configuration and the plan state go in; a
-plan (with its reason, the rule that fired and its numbers) and the state changes come out.
-Every suppressed recommendation says what was recommended and why it was held, so `autoscaler
-explain` can show it. `plan.guarded` applies them in order around a policy's core.
+Each is pure: numbers, the window's analysis, the job's configuration and the plan state go in.
+The gates that hold or trim a plan with them are `plan.gates`; `plan.guarded` and the default
+planner apply those in order.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any
 
 from contracts.analyses import Analysis
-from contracts.decisions import Action, DecisionReason
+from contracts.decisions import DecisionReason
 from contracts.jobs import JobConfig
 from contracts.plan_state import PlanState, RateSample
-from plan.policy import Plan, hold
 
 
 def limit_step(current: int, to: int, config: JobConfig) -> tuple[int, str | None]:
@@ -83,39 +82,6 @@ def align_to_partitions(current: int, to: int, analysis: Analysis, config: JobCo
     return aligned, f"aligned {to} -> {aligned} to spread {names} evenly"
 
 
-def apply_delayed_scale_down(
-    plan: Plan, current: int, now: float, state: PlanState, config: JobConfig
-) -> tuple[Plan, dict[str, Any]]:
-    """Scale down only after `scale_down_delay_s`, to the largest parallelism recommended during it.
-
-    Any window that does not recommend a scale-down (at the optimum, within the band, or a
-    scale-up) cancels the pending one: the load has not stayed low for the whole delay."""
-    if plan.action is not Action.SCALE_DOWN:
-        cancel = {"scale_down_since": None, "scale_down_max": None} if state.scale_down_since else {}
-        return plan, cancel
-    since = state.scale_down_since
-    if since is None or state.scale_down_from != current:
-        since, highest = now, plan.to_parallelism
-    else:
-        highest = max(int(state.scale_down_max or plan.to_parallelism), plan.to_parallelism)
-    waited = now - since
-    if waited >= config.scale_down_delay_s:
-        done = {"scale_down_since": None, "scale_down_max": None, "scale_down_from": None}
-        message = (f"{plan.reason.message}; scale-down delayed {waited:.0f} s, to the largest parallelism "
-                   f"recommended meanwhile ({highest})")
-        numbers = {**plan.reason.numbers, "delayed_s": round(waited, 1), "recommended": highest}
-        reason = plan.reason.model_copy(update={"message": message, "numbers": numbers})
-        return replace(plan, to_parallelism=highest, reason=reason), done
-    pending = {"scale_down_since": since, "scale_down_max": highest, "scale_down_from": current}
-    return hold(
-        current, "scale_down_delayed",
-        f"scale-down to {highest} waits {config.scale_down_delay_s - waited:.0f} s more "
-        f"(delay {config.scale_down_delay_s:.0f} s)",
-        rule="delayed_scale_down", recommended=plan.to_parallelism, largest_recommended=highest,
-        waited_s=round(waited, 1),
-    ), pending
-
-
 JUDGED_WINDOWS = 3  # windows at the new parallelism a scale-up is judged on
 FIRST_BLOCK_S = 300.0  # the first block after an ineffective scale-up; it doubles with each one in a row
 CONFIDENCE_Z = 2.0  # the gain's upper confidence bound: the mean plus two standard errors
@@ -168,16 +134,6 @@ def check_scale_up_effectiveness(
                  "gain_ratio_upper": round(ratio_upper, 4), "blocked_s": block},
     )
     return updates, notice
-
-
-def bounded_step(current: int, to: int, analysis: Analysis, config: JobConfig) -> tuple[int, list[str]]:
-    """A rescale within the job's limits: the step factors, then partition alignment; what changed it, said."""
-    to, note = limit_step(current, to, config)
-    notes = [note] if note else []
-    if config.align_to_partitions:
-        to, note = align_to_partitions(current, to, analysis, config)
-        notes += [note] if note else []
-    return to, notes
 
 
 def heading_beyond_target(analysis: Analysis, config: JobConfig) -> bool:

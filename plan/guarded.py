@@ -1,10 +1,11 @@
-"""A policy inside the production controls: the base of the default, daedalus and hybrid policies.
+"""A policy inside the production controls: the base of the reactive, daedalus and hybrid policies.
 
 Order, per window (mode and a rescale in flight are the planner step's, before any policy): stale
-window, stabilization, invalid window, minimum samples, scale-up effectiveness, the policy's core
-(on rates averaged over the metrics window), excluded period, blocked scale-up, step factors,
-partition alignment, backlog mode, delayed scale-down. The quota is applied by the plan agent,
-which reserves slots atomically across jobs (`plan.step.with_quota`).
+window, stabilization, invalid window (`admit`), then the gates (`plan.gates`): `MinimumSamples`
+before the policy's core (on rates averaged over the metrics window), and on its plan `GATES`:
+excluded period, scale-up effectiveness, step bounds, partition alignment, backlog mode, delayed
+scale-down. The slot quota is applied by the plan agent, which reserves slots atomically across
+jobs (`plan.gates.with_quota`).
 
 A subclass gives its `core` (the parallelism it recommends for the smoothed rates) and the
 capacity it predicts recoveries with; everything else is shared.
@@ -18,19 +19,25 @@ from typing import Any, ClassVar
 from contracts.analyses import Analysis
 from contracts.decisions import Action
 from contracts.jobs import JobConfig, Mode
-from contracts.periods import excluded_at, parse_periods
 from contracts.plan_state import PlanState
-from plan.controls import (
-    JUDGED_WINDOWS,
-    apply_delayed_scale_down,
-    bounded_step,
-    check_scale_up_effectiveness,
-    heading_beyond_target,
-    smoothed,
-    smoothing_samples,
+from plan.controls import check_scale_up_effectiveness, smoothed, smoothing_samples
+from plan.gates import (
+    BacklogMode,
+    DelayedScaleDown,
+    ExcludedPeriods,
+    Gate,
+    MinimumSamples,
+    PartitionAlignment,
+    ScaleUpEffectiveness,
+    StepBounds,
+    apply_gates,
 )
-from plan.policy import Plan, direction, hold
+from plan.policy import Plan, hold
 from plan.proactive import Capacity, ds2_capacity, predicted_recovery_s
+
+# The gates on a core's plan, in order (`plan.gates`).
+GATES: tuple[Gate, ...] = (ExcludedPeriods(), ScaleUpEffectiveness(), StepBounds(), PartitionAlignment(),
+                           BacklogMode(), DelayedScaleDown())
 
 
 class GuardedPolicy:
@@ -78,56 +85,19 @@ def guarded_plan(
     check_updates, notice = check_scale_up_effectiveness(analysis, state, config)
     updates |= check_updates
     notices = [notice] if notice else []
-    if samples < config.min_samples:
-        return replace(hold(current, "collecting_samples",
-                            f"sample {samples} of the {config.min_samples} needed at parallelism {current}",
-                            rule="min_samples"), notices=notices), updates
+    early = apply_gates((MinimumSamples(samples),), None, state, analysis, config).plan
+    if early is not None:
+        return replace(early, notices=notices), updates
     state = state.updated(updates)
 
     restart = state.downtimes.restart_time(config.restart_time_s, config.restart_time_cap_s)
     restart = config.restart_time_s if restart is None else min(restart, config.restart_time_cap_s)
     rates = smoothed(analysis, recent)
     plan = replace(policy.core(rates, config, state, restart), notices=notices)
-    if plan.action is Action.NONE:
-        plan, delay_updates = apply_delayed_scale_down(plan, current, now, state, config)
-        return plan, updates | delay_updates
-    recommended = plan.to_parallelism
-
-    def held(code: str, message: str, rule: str, **numbers: float | int | None) -> Plan:
-        return replace(hold(current, code, message, rule=rule, recommended=recommended, **numbers),
-                       notices=notices, recommended=recommended)
-
-    period = excluded_at(now, parse_periods(config.excluded_periods))
-    if period is not None:
-        return held("excluded_period", f"no rescaling during the excluded period {period.text!r}",
-                    "excluded_periods"), updates
-    judging = state.scale_up_check
-    if plan.action is Action.SCALE_UP and judging is not None and judging.to == current and \
-            not heading_beyond_target(analysis, config):
-        return held("judging_scale_up",
-                    f"the scale-up to {current} is judged on {len(judging.per_slot_after)} of {JUDGED_WINDOWS} "
-                    "windows before another", "scale_up_effectiveness"), updates
-    blocked_until = state.scale_up_blocked_until
-    if plan.action is Action.SCALE_UP and blocked_until and now < blocked_until and \
-            not heading_beyond_target(analysis, config):
-        return held("scale_up_blocked",
-                    f"scale-ups are blocked for {blocked_until - now:.0f} s more after an ineffective one",
-                    "scale_up_effectiveness", blocked_until=blocked_until), updates
-    to, notes = bounded_step(current, plan.to_parallelism, analysis, config)
-    if to != plan.to_parallelism or notes:
-        reason = plan.reason.model_copy(update={"message": "; ".join([plan.reason.message, *notes])})
-        plan = replace(plan, action=direction(current, to), to_parallelism=to, reason=reason)
-    if plan.action is Action.SCALE_DOWN:
-        backlog, arrival = analysis.backlog or 0, analysis.arrival_rate or 0.0
-        if backlog > arrival * config.backlog_tolerance_s:
-            return held(
-                "backlog_draining",
-                f"no scale-down to {plan.to_parallelism} while the backlog ({backlog} records) exceeds "
-                f"{config.backlog_tolerance_s:.0f} s of arrivals",
-                "backlog_mode", backlog=backlog, arrival_rate=arrival,
-            ), updates | {"scale_down_since": None, "scale_down_max": None}
-    plan, delay_updates = apply_delayed_scale_down(plan, current, now, state, config)
-    updates |= delay_updates
+    if plan.action is not Action.NONE:
+        plan = replace(plan, recommended=plan.to_parallelism)
+    gated = apply_gates(GATES, plan, state, analysis, config)
+    plan, updates = gated.plan or plan, updates | gated.updates
     if plan.action is not Action.NONE:
         plan, recovery_updates = _with_predicted_recovery(policy, plan, rates, config, state, current, now)
         updates |= recovery_updates
@@ -136,7 +106,7 @@ def guarded_plan(
         updates["scale_up_check"] = {"from": current, "to": plan.to_parallelism,
                                      "per_slot_before": analysis.true_processing_rate,
                                      "capacity_before": current * analysis.true_processing_rate}
-    return replace(plan, recommended=recommended), updates
+    return plan, updates
 
 
 def admit(analysis: Analysis, config: JobConfig, state: PlanState) -> tuple[Plan | None, dict[str, Any]]:

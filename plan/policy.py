@@ -32,9 +32,26 @@ class Plan:
     notices: list[DecisionReason] = field(default_factory=list)
 
 
-def hold(parallelism: int, code: str, message: str, rule: str = "ds2", **numbers: float | int | None) -> Plan:
-    """No action, with the reason code, the rule that decided and the numbers behind it."""
-    return Plan(Action.NONE, parallelism, DecisionReason(code=code, rule=rule, message=message, numbers=numbers))
+def hold(parallelism: int, code: str, message: str, rule: str = "ds2", *, proposed: Plan | None = None,
+         cite: bool = False, **numbers: float | int | None) -> Plan:
+    """No action, with the reason code, the rule that decided and the numbers behind it: the one way a
+    held decision is made, by a policy and by a gate (`plan.gates`) alike.
+
+    A hold of a `proposed` plan keeps what it recommended (`Plan.recommended`) and its notices, and says
+    what it was: with `cite`, the proposal's reason first (its message, then this one after "; "; its
+    numbers, then these), as the default planner's holds do, whose reason is the plan searched; without,
+    the recommended parallelism as the number `recommended` (unless the numbers give one), as the guarded
+    policies' holds do, whose core's reason the hold replaces."""
+    if proposed is not None:
+        if cite:
+            message = f"{proposed.reason.message}; {message}"
+            numbers = {**proposed.reason.numbers, **numbers}
+        elif "recommended" not in numbers:
+            numbers = {"recommended": proposed.recommended, **numbers}
+    reason = DecisionReason(code=code, rule=rule, message=message, numbers=numbers)
+    if proposed is None:
+        return Plan(Action.NONE, parallelism, reason)
+    return Plan(Action.NONE, parallelism, reason, recommended=proposed.recommended, notices=list(proposed.notices))
 
 
 def direction(current: int, target: int) -> Action:

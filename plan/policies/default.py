@@ -24,8 +24,9 @@ unless the backlog heads beyond its target. A scale-down within the job's `scale
 scale-up waits unless the arrival level has shifted since (the load dropped), and a rescale waits
 for LEVEL_WINDOWS windows of the current level (a scale-up only while the backlog is not heading
 beyond its target): one action per load change.
-The job's own limits hold as for every policy: excluded periods, the step factors and partition
-alignment; each rescale carries its predicted recovery time.
+The job's own limits hold as for every policy: excluded periods, the step bounds and partition
+alignment; each rescale carries its predicted recovery time. So the planner is the schedule search and
+its gates (`plan.gates`): `MeasuringHold` before the search, `GATES` after it.
 
 Pure: everything it learns lives in the plan state's `policy_state`. A job planned per operator
 (`per_operator`, a Flink-like layout with one parallelism per operator) is sized by DS2 inside its
@@ -45,13 +46,22 @@ from contracts.analyses import Analysis, ForecastView
 from contracts.backends import backend_in_use, planned_costs
 from contracts.decisions import Action, DecisionReason
 from contracts.jobs import JobConfig
-from contracts.periods import excluded_at, parse_periods
 from contracts.plan_state import PlanState
 from plan.batching import BatchCost
-from plan.capacity_estimate import FIT_MIN_WINDOWS, Measured, SlotStats, capacities, in_waves, planned_capacity
-from plan.controls import bounded_step, heading_beyond_target, partition_units
+from plan.capacity_estimate import Measured, SlotStats, capacities, in_waves, planned_capacity
+from plan.controls import partition_units
 from plan.cost_plan import PlanProblem, Schedule, describe, solve, solve_with_next
 from plan.forecast_skill import ForecastSkill, note
+from plan.gates import (
+    ExcludedPeriods,
+    Gate,
+    LevelHold,
+    MeasuringHold,
+    PartitionAlignment,
+    ScaleDownAfterScaleUp,
+    StepBounds,
+    apply_gates,
+)
 from plan.guarded import admit, rescale_updates
 from plan.level import LevelState
 from plan.level import update as update_level
@@ -64,7 +74,6 @@ NOISE_PRIOR = 0.1  # the per-window CV of the per-slot rate assumed until three 
 # A backlog of more than this many seconds of arrivals keeps micro-batches at the source's cap (a full
 # batch holds a few seconds of work per slot).
 SATURATED_BACKLOG_S = 10.0
-LEVEL_WINDOWS = 2  # windows of a new arrival level measured before a rescale (unless the backlog presses)
 
 
 class PlannerMemory(BaseModel):
@@ -154,10 +163,9 @@ class CostPlanner:
             return state.updated(updates), early
         state = state.updated(updates)
         measured = memory.slot.n if memory.slot is not None and memory.slot.parallelism == analysis.parallelism else 0
-        if measured < FIT_MIN_WINDOWS and not heading_beyond_target(analysis, config):
-            return state, hold(analysis.parallelism, "measuring",
-                               f"window {measured} of {FIT_MIN_WINDOWS} measured at parallelism {analysis.parallelism} "
-                               "before the next plan (sooner if the backlog heads beyond its target)", rule=self.name)
+        measuring = apply_gates((MeasuringHold(measured),), None, state, analysis, config).plan
+        if measuring is not None:
+            return state, measuring
         plan, changes = self._plan(memory, analysis, config, state)
         remembered: dict[str, Any] = {}
         if plan.recommended is not None and plan.recommended != memory.recommended:
@@ -258,32 +266,14 @@ class CostPlanner:
             message += f"; {fallback}"
         if target == current:
             return hold(current, "planned_hold", message, rule=self.name, **numbers), {}
-        if len(memory.level.points) < LEVEL_WINDOWS and (
-                target < current or not heading_beyond_target(analysis, config)):
-            # The first window of a new level may straddle the change (half the old rate, half the new):
-            # a rescale waits for LEVEL_WINDOWS windows of it, a scale-up only while the backlog can wait.
-            return replace(hold(current, "measuring_level", f"{message}; the arrival level changed "
-                                f"{len(memory.level.points)} window ago: a rescale waits for "
-                                f"{LEVEL_WINDOWS} windows of it", rule=self.name, **numbers),
-                           recommended=target), {}
-        if target < current and memory.last_up_at is not None:
-            # A scale-down soon after a scale-up waits for the load to drop (a level shift) or for the
-            # job's scale-down delay: the planner corrects its own safe-side estimate at most once per
-            # delay, not right after measuring the new parallelism (one action per load change).
-            since = analysis.window_end - memory.last_up_at
-            shifted = memory.level.shifted_at is not None and memory.level.shifted_at > memory.last_up_at
-            if since < config.scale_down_delay_s and not shifted:
-                return replace(hold(current, "scale_down_delayed", f"{message}; scaled up {since:.0f} s ago: a "
-                                    "scale-down waits for the load to drop or "
-                                    f"{config.scale_down_delay_s - since:.0f} s more", rule=self.name, **numbers),
-                               recommended=target), {}
-        # The job's own limits hold for every policy: excluded periods, step factors, partition alignment.
-        period = excluded_at(analysis.window_end, parse_periods(config.excluded_periods))
-        if period is not None:
-            return replace(hold(current, "excluded_period", f"{message}; no rescaling during the excluded period "
-                                f"{period.text!r}", rule="excluded_periods", **numbers), recommended=target), {}
-        to, notes = bounded_step(current, target, analysis, config)
-        message = "; ".join([message, *notes])
+        proposal = Plan(direction(current, target), target,
+                        DecisionReason(code="cost_plan", rule=self.name, message=message, numbers=numbers),
+                        recommended=target)
+        gated = apply_gates(self.gates(memory), proposal, state, analysis, config, cite=True)
+        plan = gated.plan or proposal
+        if gated.held_by is not None:
+            return plan, {}
+        to, message, numbers = plan.to_parallelism, plan.reason.message, dict(plan.reason.numbers)
         if to == current:
             return replace(hold(current, "planned_hold", message, rule=self.name, **numbers), recommended=target), {}
         # The prediction is of what will be observed: the point estimates, not the quantiles planned with.
@@ -296,6 +286,12 @@ class CostPlanner:
         changes = rescale_updates(current, to, analysis.window_end, numbers["predicted_recovery_s"], config)
         reason = DecisionReason(code="cost_plan", rule=self.name, message=message, numbers=numbers)
         return Plan(direction(current, to), to, reason, recommended=target), changes
+
+    def gates(self, memory: PlannerMemory) -> tuple[Gate, ...]:
+        """The gates on a planned rescale, in order: a new arrival level measured, the scale-down delay after
+        a scale-up, then the job's limits (excluded periods, step bounds, partition alignment)."""
+        return (LevelHold(len(memory.level.points)), ScaleDownAfterScaleUp(memory.last_up_at, memory.level.shifted_at),
+                ExcludedPeriods(), StepBounds(), PartitionAlignment())
 
     def _kept(self, memory: PlannerMemory, analysis: Analysis, config: JobConfig, state: PlanState, best: Schedule
               ) -> tuple[Schedule, Schedule | None] | None:

@@ -19,9 +19,10 @@ from contracts.plan_state import Downtimes, PlanState, expected_restart_time
 from contracts.settings import Settings
 from plan.controls import align, even_parallelism, limit_step
 from plan.ds2 import plan_ds2
+from plan.gates import with_quota
+from plan.kernel import decide
 from plan.policies.reactive import ReactivePolicy
 from plan.policy import Plan
-from plan.kernel import apply_quota, decide
 from tests.unit.test_ds2 import analysis
 
 # Every control that is not under test is neutral: no band, no delay, no restart cost, no waiting.
@@ -268,12 +269,12 @@ def test_no_rescale_inside_an_excluded_period() -> None:
 
 def test_the_quota_trims_a_scale_up_and_holds_when_nothing_is_left() -> None:
     plan = Loop(config()).window(parallelism=2)  # wants 5
-    trimmed, notice = apply_quota(plan, current=2, granted=4, quota=10)
+    _, trimmed = with_quota(PlanState(), plan, current=2, granted=4, quota=10)
     assert trimmed.action is Action.SCALE_UP and trimmed.to_parallelism == 4
-    assert notice is not None and notice.code == "quota_bound"
-    held, notice = apply_quota(plan, current=2, granted=2, quota=10)
-    assert held.action is Action.NONE and held.reason.code == "quota_exhausted" and notice is not None
-    assert apply_quota(plan, current=2, granted=5, quota=10) == (plan, None)
+    assert [notice.code for notice in trimmed.notices] == ["quota_bound"]
+    _, held = with_quota(PlanState(), plan, current=2, granted=2, quota=10)
+    assert held.action is Action.NONE and held.reason.code == "quota_exhausted" and held.notices
+    assert with_quota(PlanState(), plan, current=2, granted=5, quota=10) == (PlanState(), plan)
 
 
 # ---------------------------------------------------------------- 10. modes and configuration
