@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
 from contracts.execution import InFlight, LockHolder
 from contracts.jobs import JobConfig, validate_overrides
 from contracts.plan_state import PLAN_STATE_VERSION, Direction, PlanState
 from contracts.settings import Settings
+from contracts.window_state import WindowState
 from knowledge.protocols import DECISION_MARKER_TTL_S, HISTORY, REPUBLISH_SCAN, WATERMARKS, Stage
 from knowledge.redis_execution import inflight_fields, load_inflight
 
@@ -116,11 +117,12 @@ class MemoryKnowledge:
 
     # ---------------------------------------------------------------- monitor: open windows
 
-    async def load_windows(self, job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-        return {job_id: json.loads(self._windows[job_id]) for job_id in job_ids if job_id in self._windows}
+    async def load_windows(self, job_ids: Iterable[str]) -> dict[str, WindowState]:
+        return {job_id: WindowState.from_dict(json.loads(self._windows[job_id]))
+                for job_id in job_ids if job_id in self._windows}
 
-    async def save_windows(self, windows: dict[str, dict[str, Any]]) -> None:
-        self._windows.update({job_id: json.dumps(state) for job_id, state in windows.items()})
+    async def save_windows(self, windows: Mapping[str, WindowState]) -> None:
+        self._windows.update({job_id: json.dumps(state.to_dict()) for job_id, state in windows.items()})
 
     # ---------------------------------------------------------------- analyze: models
 

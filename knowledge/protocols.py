@@ -7,12 +7,13 @@ tests/knowledge_contract.py run against both.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Protocol
 
 from contracts.execution import InFlight, LockHolder
 from contracts.jobs import JobConfig
 from contracts.plan_state import Direction, PlanState
+from contracts.window_state import WindowState
 
 Stage = Literal["analyze", "plan"]
 
@@ -58,9 +59,14 @@ class JobRegistry(Protocol):
 class OpenWindows(Protocol):
     """The monitor's open window per job, with the offsets already applied."""
 
-    async def load_windows(self, job_ids: Iterable[str]) -> dict[str, dict[str, Any]]: ...
+    async def load_windows(self, job_ids: Iterable[str]) -> dict[str, WindowState]:
+        """The stored windows of these jobs (jobs without one are left out); a window stored in an
+        older form is read as `WindowState.from_dict` reads it."""
+        ...
 
-    async def save_windows(self, windows: dict[str, dict[str, Any]]) -> None: ...
+    async def save_windows(self, windows: Mapping[str, WindowState]) -> None:
+        """Store each job's window (`WindowState.to_dict`, as JSON), replacing what was stored."""
+        ...
 
 
 class AnalysisModels(Protocol):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from contracts.jobs import CONFIG_VERSION, CONFIG_VERSION_FIELD, JobConfig, stored_overrides, validate_overrides
 from contracts.plan_state import PLAN_STATE_VERSION, Direction, PlanState
+from contracts.window_state import WindowState
 from knowledge.protocols import HISTORY, REPUBLISH_SCAN, WATERMARKS, Stage
 from knowledge.redis_base import RedisBase
 
@@ -74,16 +75,18 @@ class RedisJobs(RedisBase):
 
     # ---------------------------------------------------------------- monitor: open windows
 
-    async def load_windows(self, job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    async def load_windows(self, job_ids: Iterable[str]) -> dict[str, WindowState]:
         ids = list(job_ids)
         if not ids:
             return {}
         raw = await self.redis.mget([self._key(job_id, "window") for job_id in ids])
-        return {job_id: json.loads(value) for job_id, value in zip(ids, raw, strict=True) if value}
+        return {job_id: WindowState.from_dict(json.loads(value))
+                for job_id, value in zip(ids, raw, strict=True) if value}
 
-    async def save_windows(self, windows: dict[str, dict[str, Any]]) -> None:
+    async def save_windows(self, windows: Mapping[str, WindowState]) -> None:
         if windows:
-            await self.redis.mset({self._key(job_id, "window"): json.dumps(state) for job_id, state in windows.items()})
+            await self.redis.mset({self._key(job_id, "window"): json.dumps(state.to_dict())
+                                   for job_id, state in windows.items()})
 
     # ---------------------------------------------------------------- analyze: models
 

@@ -1,4 +1,5 @@
-"""Tumbling windows of metric time per job: pure logic, state as plain dicts (JSON-serializable).
+"""Tumbling windows of metric time per job: pure functions over the typed, immutable open window
+(`contracts.window_state.WindowState`, which the knowledge base stores).
 
 A window [start, start + interval) collects every report whose end timestamp falls in it. It closes
 when the first report of a later window arrives, in metric time, so replayed or time-compressed
@@ -14,11 +15,13 @@ Refused reports (the monitor dead-letters them with `reason`):
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Iterable, Mapping
 
 from contracts.messages import MetricReport, MetricWindow, OperatorWindow, SourceWindow, WorkerWindow
+from contracts.window_state import OperatorAggregate, SeenKey, SourceAggregate, WindowState, WorkerAggregate
 
-WindowState = dict[str, Any]
+__all__ = ["MAX_SEEN_PER_WINDOW", "DuplicateReport", "LateReport", "RefusedReport", "WindowState", "add_report",
+           "already_applied", "close_window", "new_window", "window_start_for"]
 
 
 # Keys (worker, timestamp) remembered per window for duplicate detection. A window's state is read
@@ -50,7 +53,7 @@ def window_start_for(timestamp: float, interval_s: float) -> float:
 
 
 def new_window(start: float) -> WindowState:
-    return {"start": start, "reports": 0, "workers": {}, "offsets": {}, "seen": {}}
+    return WindowState(start)
 
 
 def already_applied(
@@ -63,12 +66,12 @@ def already_applied(
     broker that lost its data); skipping it would lose the report, so it is not skipped."""
     if state is None:
         return False
-    last = state["offsets"].get(str(partition))
+    last = state.offsets.get(partition)
     if last is None or offset > last:
         return False
-    if report is None or report.timestamp < state["start"]:
+    if report is None or report.timestamp < state.start:
         return True
-    return _seen_key(report) in state.get("seen", {}).get(report.worker_id, {})
+    return _seen_key(report) in state.seen
 
 
 def add_report(
@@ -78,146 +81,160 @@ def add_report(
     partition: int | None = None,
     offset: int | None = None,
 ) -> tuple[WindowState, MetricWindow | None]:
-    """Fold one report into the job's open window; returns (new state, the window it closed, if any)."""
+    """Fold one report into the job's open window; returns (new state, the window it closed, if any).
+
+    Pure: `state` is left as it was, so a caller may keep it (e.g. to retry from it)."""
     start = window_start_for(report.timestamp, interval_s)
     closed: MetricWindow | None = None
+    key = _seen_key(report)
     if state is None:
         state = new_window(start)
-    elif start < state["start"]:
+    elif start < state.start:
         raise LateReport(
             f"report at {report.timestamp:.3f} belongs to window {start:.0f}, "
-            f"but window {state['start']:.0f} is already open"
+            f"but window {state.start:.0f} is already open"
         )
-    elif start > state["start"]:
+    elif start > state.start:
         closed = close_window(state, report.job_id, interval_s)
-        state = new_window(start) | {"offsets": state["offsets"]}
-    elif _seen_key(report) in state.get("seen", {}).get(report.worker_id, {}):
-        # Windows saved before duplicate detection existed have no "seen": nothing to compare.
+        state = WindowState(start, offsets=state.offsets)
+    elif key in state.seen:
         raise DuplicateReport(
             f"worker {report.worker_id!r} already reported the interval ending at {report.timestamp!r} "
-            f"in window {state['start']:.0f}; the first report counts"
+            f"in window {state.start:.0f}; the first report counts"
         )
-    _fold(state, report)
-    if state["reports"] <= MAX_SEEN_PER_WINDOW:
-        state.setdefault("seen", {}).setdefault(report.worker_id, {})[_seen_key(report)] = 1
+    reports = state.reports + 1
+    workers = dict(state.workers)
+    workers[report.worker_id] = _fold(workers.get(report.worker_id), report)
+    # A window saved before duplicate detection existed remembers only the reports folded since.
+    seen = state.seen.adding(key) if reports <= MAX_SEEN_PER_WINDOW else state.seen
+    offsets = state.offsets
     if partition is not None and offset is not None:
-        state["offsets"][str(partition)] = offset
-    return state, closed
+        offsets = {**offsets, partition: offset}
+    return WindowState.built(start=state.start, reports=reports, workers=workers, offsets=offsets, seen=seen), closed
 
 
-def _seen_key(report: MetricReport) -> str:
-    # repr is the shortest exact form of a float: a dict key that survives knowledge's JSON and is
-    # found in constant time, where a list of floats would be scanned for every report.
-    return repr(report.timestamp)
+def _seen_key(report: MetricReport) -> SeenKey:
+    return report.worker_id, repr(report.timestamp)
 
 
-def _fold(state: WindowState, report: MetricReport) -> None:
-    state["reports"] += 1
-    worker = state["workers"].setdefault(
-        report.worker_id,
-        {
-            "records_in": 0,
-            "records_out": 0,
-            "busy": 0.0,
-            "observed": 0.0,
-            "first_begin": report.timestamp - report.interval_s,
-            "last_end": report.timestamp,
-            "parallelism_first": report.parallelism,
-            "cpu_weighted": 0.0,
-            "cpu_time": 0.0,
-            "operators": {},
-        },
-    )
-    worker["records_in"] += report.records_in
-    worker["records_out"] += report.records_out
-    worker["busy"] += report.busy_time_s
-    worker["observed"] += report.interval_s
+def _fold(worker: WorkerAggregate | None, report: MetricReport) -> WorkerAggregate:
+    """The worker's aggregate with `report` added (a new one for its first report in the window)."""
+    interval, end, parallelism = report.interval_s, report.timestamp, report.parallelism
+    begin = end - interval
+    if worker is None:
+        worker = WorkerAggregate(
+            records_in=0, records_out=0, busy=0.0, observed=0.0, first_begin=begin, last_end=end,
+            parallelism_first=parallelism, parallelism_last=parallelism, parallelism_changed=False,
+            cpu_weighted=0.0, cpu_time=0.0, operators={}, spans={},
+        )
+    batches, batch_time = worker.batches, worker.batch_time
     if report.batches is not None:
-        worker["batches"] = worker.get("batches", 0) + report.batches
-        worker["batch_time"] = worker.get("batch_time", 0.0) + (report.batch_time_s or 0.0)
-    begin = report.timestamp - report.interval_s
-    worker["first_begin"] = min(worker["first_begin"], begin)
-    worker["last_end"] = max(worker["last_end"], report.timestamp)
+        batches = (batches or 0) + report.batches
+        batch_time = (batch_time or 0.0) + (report.batch_time_s or 0.0)
     # When the reports at each parallelism begin and end: a window that spans a rescale says when
     # the old job stopped and the new one resumed (recovery timing), not only the window grid.
-    span = worker.setdefault("spans", {}).setdefault(str(report.parallelism), [begin, report.timestamp])
-    span[0], span[1] = min(span[0], begin), max(span[1], report.timestamp)
-    worker["parallelism_last"] = report.parallelism
-    if report.shuffle_partitions is not None:
-        worker["shuffle_partitions"] = report.shuffle_partitions
-    worker["parallelism_changed"] = worker.get("parallelism_changed", False) or (
-        report.parallelism != worker["parallelism_first"]
-    )
+    span = worker.spans.get(parallelism)
+    spans = {**worker.spans, parallelism: (begin, end) if span is None else (min(span[0], begin), max(span[1], end))}
+    cpu_weighted, cpu_time = worker.cpu_weighted, worker.cpu_time
     if report.cpu_utilization is not None:
-        worker["cpu_weighted"] += report.cpu_utilization * report.interval_s
-        worker["cpu_time"] += report.interval_s
-    if report.source is not None:
-        src = worker.setdefault(
-            "source", {"arrivals": 0.0, "observed": 0.0, "backlog_first": report.source.backlog,
-                       "first_at": report.timestamp, "splittable": True}
-        )
-        src["arrivals"] += report.source.arrival_rate * report.interval_s
-        src["observed"] += report.interval_s
-        src["backlog_last"] = report.source.backlog
-        src["last_at"] = report.timestamp
-        src["partitions"] = report.source.partitions
-        src["splittable"] = src["splittable"] and report.source.splittable
-    for op in report.operators:
-        agg = worker["operators"].setdefault(
-            op.operator_id, {"records_in": 0, "records_out": 0, "busy": 0.0, "arrivals": None}
-        )
-        agg["records_in"] += op.records_in
-        agg["records_out"] += op.records_out
-        agg["busy"] += op.busy_time_s
-        agg["upstream"] = list(op.upstream)
-        agg["parallelism"] = op.parallelism
-        if op.arrival_rate is not None:
-            agg["arrivals"] = (agg["arrivals"] or 0.0) + op.arrival_rate * report.interval_s
+        cpu_weighted += report.cpu_utilization * interval
+        cpu_time += interval
+    operators = worker.operators
+    if report.operators:
+        operators = dict(operators)
+        for op in report.operators:
+            agg = operators.get(op.operator_id)
+            old_in, old_out, old_busy, arrivals = (0, 0, 0.0, None) if agg is None else (
+                agg.records_in, agg.records_out, agg.busy, agg.arrivals)
+            if op.arrival_rate is not None:
+                arrivals = (arrivals or 0.0) + op.arrival_rate * interval
+            operators[op.operator_id] = OperatorAggregate.built(
+                records_in=old_in + op.records_in, records_out=old_out + op.records_out,
+                busy=old_busy + op.busy_time_s, arrivals=arrivals, upstream=tuple(op.upstream),
+                parallelism=op.parallelism,
+            )
+    return WorkerAggregate.built(
+        records_in=worker.records_in + report.records_in,
+        records_out=worker.records_out + report.records_out,
+        busy=worker.busy + report.busy_time_s,
+        observed=worker.observed + interval,
+        first_begin=min(worker.first_begin, begin),
+        last_end=max(worker.last_end, end),
+        parallelism_first=worker.parallelism_first,
+        parallelism_last=parallelism,
+        parallelism_changed=worker.parallelism_changed or parallelism != worker.parallelism_first,
+        cpu_weighted=cpu_weighted,
+        cpu_time=cpu_time,
+        operators=operators,
+        spans=spans,
+        batches=batches,
+        batch_time=batch_time,
+        shuffle_partitions=worker.shuffle_partitions if report.shuffle_partitions is None
+        else report.shuffle_partitions,
+        source=worker.source if report.source is None else _fold_source(worker.source, report),
+    )
+
+
+def _fold_source(src: SourceAggregate | None, report: MetricReport) -> SourceAggregate:
+    metrics = report.source
+    assert metrics is not None
+    arrivals, observed = (0.0, 0.0) if src is None else (src.arrivals, src.observed)
+    return SourceAggregate.built(
+        arrivals=arrivals + metrics.arrival_rate * report.interval_s,
+        observed=observed + report.interval_s,
+        backlog_first=metrics.backlog if src is None else src.backlog_first,
+        first_at=report.timestamp if src is None else src.first_at,
+        backlog_last=metrics.backlog,
+        last_at=report.timestamp,
+        partitions=metrics.partitions,
+        splittable=(src is None or src.splittable) and metrics.splittable,
+    )
 
 
 def close_window(state: WindowState, job_id: str, interval_s: float) -> MetricWindow:
-    workers = state["workers"].values()
-    observed = max(w["observed"] for w in workers)
-    last_worker = max(workers, key=lambda w: w["last_end"])
-    parallelisms = {w["parallelism_first"] for w in workers} | {w["parallelism_last"] for w in workers}
-    cpu_time = sum(w["cpu_time"] for w in workers)
-    cpu = sum(w["cpu_weighted"] for w in workers) / cpu_time if cpu_time else None
-    batched = [w for w in workers if "batches" in w]
+    """The window `state` holds, as analyze reads it (`state` needs at least one report)."""
+    workers = state.workers.values()
+    observed = max(w.observed for w in workers)
+    last_worker = max(workers, key=lambda w: w.last_end)
+    parallelisms = {w.parallelism_first for w in workers} | {w.parallelism_last for w in workers}
+    cpu_time = sum(w.cpu_time for w in workers)
+    cpu = sum(w.cpu_weighted for w in workers) / cpu_time if cpu_time else None
+    batched = [w for w in workers if w.batches is not None]
     return MetricWindow(
         job_id=job_id,
-        window_start=state["start"],
-        window_end=state["start"] + interval_s,
+        window_start=state.start,
+        window_end=state.start + interval_s,
         observed_s=observed,
-        report_count=state["reports"],
-        workers=len(state["workers"]),
-        parallelism=last_worker["parallelism_last"],
-        parallelism_changed=len(parallelisms) > 1 or any(w["parallelism_changed"] for w in workers),
-        records_in=sum(w["records_in"] for w in workers),
-        records_out=sum(w["records_out"] for w in workers),
-        busy_time_s=sum(w["busy"] for w in workers),
+        report_count=state.reports,
+        workers=len(state.workers),
+        parallelism=last_worker.parallelism_last,
+        parallelism_changed=len(parallelisms) > 1 or any(w.parallelism_changed for w in workers),
+        records_in=sum(w.records_in for w in workers),
+        records_out=sum(w.records_out for w in workers),
+        busy_time_s=sum(w.busy for w in workers),
         cpu_utilization=cpu,
-        batches=sum(w["batches"] for w in batched) if batched else None,
-        batch_time_s=sum(w["batch_time"] for w in batched) if batched else None,
+        batches=sum(w.batches or 0 for w in batched) if batched else None,
+        batch_time_s=sum(w.batch_time or 0.0 for w in batched) if batched else None,
         source=_source_window(workers),
-        shuffle_partitions=last_worker.get("shuffle_partitions"),
+        shuffle_partitions=last_worker.shuffle_partitions,
         operators=_operator_windows(workers, observed),
-        worker_loads=_worker_loads(state["workers"], last_worker["parallelism_last"]),
-        **_report_times(workers, last_worker["parallelism_last"]),
+        worker_loads=_worker_loads(state.workers, last_worker.parallelism_last),
+        **_report_times(workers, last_worker.parallelism_last),
     )
 
 
-def _report_times(workers: Any, parallelism: int) -> dict[str, float | None]:
+def _report_times(workers: Iterable[WorkerAggregate], parallelism: int) -> dict[str, float | None]:
     """first_report_at, last_report_at and stopped_at of the window (see MetricWindow); a state
     folded before spans were kept gives only the last report's end."""
-    spans = [w.get("spans", {}) for w in workers]
-    current = [s[str(parallelism)] for s in spans if str(parallelism) in s]
-    others = [span[1] for s in spans for p, span in s.items() if p != str(parallelism)]
+    spans = [w.spans for w in workers]
+    current = [s[parallelism] for s in spans if parallelism in s]
+    others = [span[1] for s in spans for p, span in s.items() if p != parallelism]
     return {"first_report_at": min(span[0] for span in current) if current else None,
-            "last_report_at": max(w["last_end"] for w in workers),
+            "last_report_at": max(w.last_end for w in workers),
             "stopped_at": max(others) if others else None}
 
 
-def _worker_loads(workers: dict[str, Any], parallelism: int) -> list[WorkerWindow]:
+def _worker_loads(workers: Mapping[str, WorkerAggregate], parallelism: int) -> list[WorkerWindow]:
     """Each worker's (utilization, throughput), the capacity model's samples.
 
     Busy time is preferred to CPU: it counts all of a task's work, where an engine's CPU figure
@@ -226,60 +243,59 @@ def _worker_loads(workers: dict[str, Any], parallelism: int) -> list[WorkerWindo
     slots = parallelism / len(workers)
     loads = []
     for worker_id, w in sorted(workers.items()):
-        if w["observed"] <= 0:
+        if w.observed <= 0:
             continue
-        if w["busy"] > 0:
-            utilization, source = w["busy"] / (w["observed"] * slots), "busy"
-        elif w["cpu_time"] > 0:
-            utilization, source = w["cpu_weighted"] / w["cpu_time"], "cpu"
+        if w.busy > 0:
+            utilization, source = w.busy / (w.observed * slots), "busy"
+        elif w.cpu_time > 0:
+            utilization, source = w.cpu_weighted / w.cpu_time, "cpu"
         else:
             continue
-        loads.append(WorkerWindow(worker_id=worker_id, throughput=w["records_in"] / w["observed"],
+        loads.append(WorkerWindow(worker_id=worker_id, throughput=w.records_in / w.observed,
                                   utilization=min(1.0, max(0.0, utilization)), utilization_source=source))
     return loads
 
 
-def _source_window(workers: Any) -> SourceWindow | None:
-    sources = [w["source"] for w in workers if "source" in w]
+def _source_window(workers: Iterable[WorkerAggregate]) -> SourceWindow | None:
+    sources = [w.source for w in workers if w.source is not None]
     if not sources:
         return None
     growth = 0.0
     for src in sources:
-        span = src["last_at"] - src["first_at"]
+        span = src.last_at - src.first_at
         if span > 0:
-            growth += (src["backlog_last"] - src["backlog_first"]) / span
+            growth += (src.backlog_last - src.backlog_first) / span
     return SourceWindow(
-        arrival_rate=sum(s["arrivals"] / s["observed"] for s in sources),
-        backlog=sum(s["backlog_last"] for s in sources),
+        arrival_rate=sum(s.arrivals / s.observed for s in sources),
+        backlog=sum(s.backlog_last for s in sources),
         backlog_growth_rate=growth,
-        partitions=max(s["partitions"] for s in sources),
-        splittable=all(s["splittable"] for s in sources),
+        partitions=max(s.partitions for s in sources),
+        splittable=all(s.splittable for s in sources),
     )
 
 
-def _operator_windows(workers: Any, observed: float) -> list[OperatorWindow]:
-    merged: dict[str, dict[str, Any]] = {}
+def _operator_windows(workers: Iterable[WorkerAggregate], observed: float) -> list[OperatorWindow]:
+    """The workers' operators merged by id, in order of first appearance; an operator's upstream
+    and parallelism are the last worker's."""
+    merged: dict[str, OperatorAggregate] = {}
     for worker in workers:
-        for op_id, agg in worker["operators"].items():
-            into = merged.setdefault(
-                op_id, {"records_in": 0, "records_out": 0, "busy": 0.0, "arrivals": None}
-            )
-            into["records_in"] += agg["records_in"]
-            into["records_out"] += agg["records_out"]
-            into["busy"] += agg["busy"]
-            into["upstream"] = agg["upstream"]
-            into["parallelism"] = agg["parallelism"]
-            if agg["arrivals"] is not None:
-                into["arrivals"] = (into["arrivals"] or 0.0) + agg["arrivals"]
+        for op_id, agg in worker.operators.items():
+            into = merged.get(op_id)
+            if into is None:
+                merged[op_id] = agg
+                continue
+            arrivals = into.arrivals if agg.arrivals is None else (into.arrivals or 0.0) + agg.arrivals
+            merged[op_id] = OperatorAggregate(into.records_in + agg.records_in, into.records_out + agg.records_out,
+                                              into.busy + agg.busy, arrivals, agg.upstream, agg.parallelism)
     return [
         OperatorWindow(
             operator_id=op_id,
-            upstream=agg["upstream"],
-            parallelism=agg["parallelism"],
-            records_in=agg["records_in"],
-            records_out=agg["records_out"],
-            busy_time_s=agg["busy"],
-            arrival_rate=None if agg["arrivals"] is None else agg["arrivals"] / observed,
+            upstream=list(agg.upstream),
+            parallelism=agg.parallelism,
+            records_in=agg.records_in,
+            records_out=agg.records_out,
+            busy_time_s=agg.busy,
+            arrival_rate=None if agg.arrivals is None else agg.arrivals / observed,
         )
         for op_id, agg in merged.items()
     ]

@@ -12,10 +12,22 @@ import pytest
 
 from contracts.execution import InFlight
 from contracts.jobs import ConfigError
+from contracts.messages import MetricReport
 from contracts.plan_state import STALE_WINDOW_BUDGET, Direction, PlanState
+from contracts.window_state import WindowState
 from knowledge import Knowledge
+from monitor.windows import add_report, already_applied
 
 Check = Callable[[Knowledge, str], Awaitable[None]]
+# A report that fills every part of a window's state: workers, source, operators, batches, spans.
+OPEN_WINDOW_REPORT = MetricReport.model_validate({
+    "job_id": "job", "timestamp": 15.5, "interval_s": 5.0, "worker_id": "a", "parallelism": 2,
+    "records_in": 10, "records_out": 5, "busy_time_s": 1.5, "cpu_utilization": 0.5, "batches": 2,
+    "batch_time_s": 0.25, "shuffle_partitions": 8,
+    "source": {"arrival_rate": 2.5, "backlog": 3, "partitions": 2},
+    "operators": [{"operator_id": "read", "parallelism": 2, "records_in": 10, "records_out": 10,
+                   "busy_time_s": 0.5, "arrival_rate": 2.0}],
+})
 CHECKS: list[Check] = []
 
 
@@ -44,8 +56,14 @@ async def registry_and_configuration(k: Knowledge, job: str) -> None:
 @check
 async def open_windows_round_trip(k: Knowledge, job: str) -> None:
     assert await k.load_windows([job]) == {}
-    await k.save_windows({job: {"start": 10.0, "offsets": {"3": 7}}})
-    assert await k.load_windows([job, f"{job}-other"]) == {job: {"start": 10.0, "offsets": {"3": 7}}}
+    state, _ = add_report(None, OPEN_WINDOW_REPORT, 10.0, 3, 7)
+    state, _ = add_report(state, OPEN_WINDOW_REPORT.model_copy(update={"worker_id": "b"}), 10.0, 4, 2)
+    await k.save_windows({job: state})
+    loaded = await k.load_windows([job, f"{job}-other"])
+    assert loaded == {job: state} and loaded[job].to_dict() == state.to_dict()
+    assert already_applied(loaded[job], 3, 7, OPEN_WINDOW_REPORT)  # what was applied stays applied
+    await k.save_windows({job: WindowState(20.0, offsets={3: 9})})  # a job's window is replaced whole
+    assert await k.load_windows([job]) == {job: WindowState(20.0, offsets={3: 9})}
 
 
 @check

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from contracts.dead_letters import DeadLetter, Rejection, dead_letter
 from contracts.messages import MetricReport, MetricWindow
 from monitor.validation import MAX_QUANTITY, PARSE_REASONS, parse_report
-from monitor.windows import add_report, close_window
+from monitor.windows import WindowState, add_report, close_window
 
 NOW = 2_000_000_000.0
 LIMIT = 64 * 1024
@@ -50,7 +50,7 @@ def closes_cleanly(report: MetricReport) -> None:
     into a window that analyze can read back: no overflow, no inf, no exception."""
     state, _ = add_report(None, report, INTERVAL, 0, 0)
     state, _ = add_report(state, report.model_copy(update={"worker_id": "other-worker"}), INTERVAL, 0, 1)
-    state = json.loads(json.dumps(state))
+    state = WindowState.from_dict(json.loads(json.dumps(state.to_dict())))
     window = close_window(state, report.job_id, INTERVAL)
     again = MetricWindow.model_validate_json(window.to_bytes())
     assert again.report_count == 2

@@ -44,7 +44,7 @@ def test_a_window_closes_when_a_report_of_the_next_window_arrives() -> None:
     assert w.records_in == 900 and w.records_out == 450 and w.busy_time_s == pytest.approx(4.5)
     assert w.observed_s == pytest.approx(9.0)
     assert w.source is not None and w.source.arrival_rate == pytest.approx(120.0)
-    assert state["start"] == 1010.0 and state["reports"] == 1
+    assert state.start == 1010.0 and state.reports == 1
 
 
 def test_workers_add_up_and_backlog_growth_is_measured() -> None:
@@ -87,7 +87,7 @@ def test_a_new_report_at_an_old_offset_is_not_a_redelivery() -> None:
     assert already_applied(state, 0, 0, report(995))
     assert not already_applied(state, 0, 0, report(1003)) and not already_applied(state, 0, 1, report(1012))
     state, _ = add_report(state, report(1003), INTERVAL, 0, 0)
-    assert state["offsets"]["0"] == 0 and not already_applied(state, 0, 1, report(1004))
+    assert state.offsets[0] == 0 and not already_applied(state, 0, 1, report(1004))
 
 
 def test_operators_are_merged_across_workers() -> None:
@@ -103,7 +103,7 @@ def test_every_in_order_report_lands_in_exactly_one_window(offsets: list[float])
     # One report per interval end: a repeated (worker, timestamp) is a duplicate_report (test_bad_input).
     timestamps = sorted({1_000_000 + t for t in offsets})
     state, closed = fold([report(t) for t in timestamps])
-    counted = sum(w.report_count for w in closed) + state["reports"]
+    counted = sum(w.report_count for w in closed) + state.reports
     assert counted == len(timestamps)
     for w in closed:
         assert w.window_end - w.window_start == INTERVAL

@@ -70,7 +70,7 @@ def test_window_rules_count_each_interval_exactly_once(items: list[tuple[int, fl
         w, s, worker, n = messages[offset]
         r = report(base + w * INTERVAL + s, worker, n)
         if through_json and state is not None:  # knowledge keeps state as JSON between batches
-            state = json.loads(json.dumps(state))
+            state = WindowState.from_dict(json.loads(json.dumps(state.to_dict())))
         if already_applied(state, 0, offset):
             assert offset < crash_at  # only a replayed offset can have been applied
             continue
@@ -96,14 +96,13 @@ def test_window_rules_count_each_interval_exactly_once(items: list[tuple[int, fl
         if window is not None:
             closed.append(window)
         # Bounded: one remembered key per report folded, never more than the cap.
-        remembered = sum(len(v) for v in state["seen"].values())
-        assert remembered == state["reports"] <= windows_module.MAX_SEEN_PER_WINDOW
-        assert len(state["workers"]) <= 3 and len(state["offsets"]) == 1
+        assert len(state.seen) == state.reports <= windows_module.MAX_SEEN_PER_WINDOW
+        assert len(state.workers) <= 3 and len(state.offsets) == 1
 
     assert state is not None
     assert len(accepted) == len(set(accepted)), "an interval was counted twice"
-    assert sum(w.report_count for w in closed) + state["reports"] == len(accepted)
-    open_records = sum(w["records_in"] for w in state["workers"].values())
+    assert sum(w.report_count for w in closed) + state.reports == len(accepted)
+    open_records = sum(w.records_in for w in state.workers.values())
     assert sum(w.records_in for w in closed) + open_records == accepted_records
     starts = [w.window_start for w in closed]
     assert starts == sorted(set(starts)), "windows close once each, in metric-time order"
@@ -117,20 +116,20 @@ def test_duplicate_rules_by_example() -> None:
     for again in (report(1001.0, "a"), report(1001.0, "a", records_in=99)):  # same or other content
         with pytest.raises(DuplicateReport, match="first report counts"):
             add_report(state, again, INTERVAL, 0, 4)
-    assert state["reports"] == 4
+    assert state.reports == 4
     assert already_applied(state, 0, 3)  # a redelivered offset is skipped before any rule
     state, closed = add_report(state, report(1011.0, "a"), INTERVAL, 0, 5)
     assert closed is not None and closed.report_count == 4 and closed.records_in == 4
-    assert state["seen"] == {"a": {"1011.0": 1}}  # forgotten with its window
+    assert state.seen.to_dict() == {"a": {"1011.0": 1}}  # forgotten with its window
     with pytest.raises(LateReport):  # a duplicate of a closed window's report is late
         add_report(state, report(1001.0, "a"), INTERVAL, 0, 6)
 
 
 def test_window_state_saved_before_duplicate_detection_still_folds() -> None:
     state, _ = add_report(None, report(1001.0), INTERVAL, 0, 0)
-    del state["seen"]
+    state = WindowState.from_dict({k: v for k, v in state.to_dict().items() if k != "seen"})
     state, _ = add_report(state, report(1002.0), INTERVAL, 0, 1)
-    assert state["reports"] == 2 and state["seen"] == {"driver": {"1002.0": 1}}
+    assert state.reports == 2 and state.seen.to_dict() == {"driver": {"1002.0": 1}}
 
 
 def test_remembered_keys_are_capped_per_window(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,10 +137,10 @@ def test_remembered_keys_are_capped_per_window(monkeypatch: pytest.MonkeyPatch) 
     state: WindowState | None = None
     for i in range(10):
         state, _ = add_report(state, report(1000.0 + i * 0.5), INTERVAL, 0, i)
-    assert state is not None and state["reports"] == 10
-    assert state["seen"] == {"driver": {"1000.0": 1, "1000.5": 1, "1001.0": 1}}
+    assert state is not None and state.reports == 10
+    assert state.seen.to_dict() == {"driver": {"1000.0": 1, "1000.5": 1, "1001.0": 1}}
     with pytest.raises(DuplicateReport):
         add_report(state, report(1000.5), INTERVAL, 0, 10)
     # Beyond the cap duplicates are no longer recognised: counted, as before this rule existed.
     state, _ = add_report(state, report(1004.5), INTERVAL, 0, 11)
-    assert state["reports"] == 11
+    assert state.reports == 11
