@@ -23,7 +23,7 @@ RESULTS = ROOT / "bench" / "results"  # git-ignored
 # The files whose change changes what the planning and simulating benchmarks measure.
 MEASURED = ("plan/policies/default.py", "plan/cost_plan.py", "plan/guarded.py", "plan/controls.py", "plan/ds2.py",
             "contracts/jobs.py", "analyze/true_rates.py", "analyze/forecast.py", "monitor/windows.py",
-            "evaluation/simulator.py", "evaluation/jobmodel.py")
+            "evaluation/simulator.py", "evaluation/jobmodel.py", "plan/gates.py")
 
 
 def code_version(files: tuple[str, ...] = MEASURED) -> dict[str, Any]:
