@@ -12,6 +12,7 @@ import pytest
 from contracts.settings import Settings
 from knowledge import RedisKnowledge
 from tests.knowledge_contract import CHECKS, Check
+from tests.unit.test_window_state import STORED as STORED_WINDOW
 
 pytestmark = pytest.mark.integration
 
@@ -79,6 +80,26 @@ def test_a_configuration_stored_before_policy_names_keeps_its_meaning(settings: 
             assert (await knowledge.job_config(job)).policy == "default"
             await knowledge.set_config(job, {"policy": "ds2"})  # now explicitly DS2 alone
             assert (await knowledge.job_config(job)).policy == "ds2"
+        finally:
+            await knowledge.unregister_job(job)
+            await knowledge.close()
+
+    asyncio.run(go())
+
+
+def test_a_window_stored_by_an_earlier_version_is_read_and_stored_the_same_way(settings: Settings) -> None:
+    async def go() -> None:
+        knowledge = RedisKnowledge(settings)
+        job = f"old-{uuid.uuid4().hex[:6]}"
+        try:
+            # As the monitor kept it before the typed state, here from before duplicate detection (no "seen").
+            old = json.loads(STORED_WINDOW)
+            del old["seen"]
+            await knowledge.redis.set(knowledge._key(job, "window"), json.dumps(old))
+            state = (await knowledge.load_windows([job]))[job]
+            assert state.reports == 3 and state.offsets == {0: 42, 1: 9} and len(state.seen) == 0
+            await knowledge.save_windows({job: state})
+            assert json.loads(await knowledge.redis.get(knowledge._key(job, "window"))) == {**old, "seen": {}}
         finally:
             await knowledge.unregister_job(job)
             await knowledge.close()
