@@ -16,6 +16,7 @@ from analyze.forecast import ForecastDecision, ForecastState, install_model, ste
 from analyze.learning import forecast_config, forecast_view
 from contracts.analyses import ForecastView
 from contracts.jobs import JobConfig
+from contracts.messages import MetricWindow
 from evaluation.jobmodel import EPOCH
 from evaluation.traces import Trace
 
@@ -62,6 +63,13 @@ class Forecaster:
             self.state, self.model = install_model(self.state, fitted, decision.retrain.request_id, settings,
                                                    self.model)
         return decision
+
+    def view(self, window: MetricWindow, settings: ForecastConfig) -> ForecastView | None:
+        """The forecast analyze publishes for the window, stepped with its arrival rate (a forecaster of
+        `evaluation.loop.JobLoop`: one point a window, as analyze steps it live)."""
+        if window.source is None:
+            return None
+        return forecast_view(self.step(window.source.arrival_rate, window.window_end, settings))
 
 
 def forecast_stream(trace: Trace, config: JobConfig, step_s: float = FORECAST_STEP_S) -> ForecastStream:

@@ -27,6 +27,7 @@ from analyze import kernel as analyze_kernel
 from analyze.arima import ForecastConfig
 from contracts.analyses import Analysis, ForecastView
 from contracts.backends import BackendKind
+from contracts.dead_letters import DeadLetter
 from contracts.decisions import RescaleCommand, RunnerReport, RunnerStatus, ScalingDecision, ScalingEvent
 from contracts.jobs import JobConfig
 from contracts.messages import MetricReport, MetricWindow
@@ -73,6 +74,7 @@ class JobLoop:
         self.executor = ExecuteAgent(self.knowledge.settings, self.knowledge, self._publish)
         self.sent: list[tuple[str, str, bytes]] = []
         self.events: list[ScalingEvent] = []  # what execute published, in order
+        self.commands: list[RescaleCommand] = []
 
     # ------------------------------------------------------------------ monitor
 
@@ -144,6 +146,7 @@ class JobLoop:
         self.sent.clear()
         run_now(self.executor.execute(decision))
         commands = [RescaleCommand.model_validate_json(value) for topic, _, value in self.sent if topic == COMMANDS]
+        self.commands += commands
         self.events += [ScalingEvent.model_validate_json(value) for topic, _, value in self.sent
                         if topic == "scaling_events"]
         return commands[-1] if commands else None
@@ -170,3 +173,50 @@ class JobLoop:
 
     async def _publish(self, topic: str, key: str, value: bytes) -> None:
         self.sent.append((topic, key, value))
+
+
+class Loops:
+    """Many jobs' loops in one process over one in-memory knowledge base, fed the records the agents
+    read: the metric topic's records (`records`) and the job runners' reports (`runner_report`).
+
+    As the agents run them: a batch of records is parsed and folded by monitor's kernel (bad records
+    become dead letters, windows close on a later window's report), each closed window is analyzed,
+    planned and executed in its job's loop. The jobs share the knowledge base, so a slot quota binds
+    across them as it does live."""
+
+    def __init__(self, configs: dict[str, JobConfig], settings: Settings,
+                 forecasters: dict[str, Forecaster] | None = None) -> None:
+        self.settings = settings
+        self.knowledge = MemoryKnowledge(settings)
+        self.jobs = {job: JobLoop(job, config, forecaster=(forecasters or {}).get(job),
+                                  interval_s=settings.loop_interval_s, quota=settings.slot_quota,
+                                  knowledge=self.knowledge)
+                     for job, config in configs.items()}
+        self.dead_letters: list[DeadLetter] = []
+        self.decisions: list[ScalingDecision] = []
+
+    def records(self, records: list[Incoming], now: float) -> list[ScalingDecision]:
+        """One batch of the metric topic's records; the decisions of the windows it closed, in order."""
+        topic, settings = self.settings.topics.metrics, self.settings
+        parsed = monitor_kernel.parse(records, topic, settings.max_message_bytes, now, settings.max_clock_skew_s)
+        unknown = parsed.job_ids() - set(self.jobs)
+        windows = {job: loop.open for job, loop in self.jobs.items() if loop.open is not None}
+        folded = monitor_kernel.fold(windows, parsed, unknown, settings.loop_interval_s, topic)
+        for job, state in folded.changed.items():
+            self.jobs[job].open = state
+        self.dead_letters += folded.rejected
+        made = []
+        for window in folded.closed:
+            loop = self.jobs[window.job_id]
+            decided = loop.decide(loop.analyze(window))
+            loop.execute(decided.decision)
+            made.append(decided.decision)
+        self.decisions += made
+        return made
+
+    def runner_report(self, report: RunnerReport) -> None:
+        self.jobs[report.job_id].runner_report(report)
+
+    def commands(self, job_id: str) -> list[RescaleCommand]:
+        """The commands execute sent for the job, in order."""
+        return self.jobs[job_id].commands

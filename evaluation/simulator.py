@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ import numpy as np
 from contracts.analyses import Analysis
 from contracts.backends import BackendKind
 from contracts.jobs import JobConfig
+from contracts.messages import MetricReport
 from contracts.plan_state import PlanState
 from evaluation.forecasts import ForecastStream
 from evaluation.jobmodel import EPOCH, JobModel, JobState, advance, report, rescale
@@ -167,6 +169,15 @@ class PolicyRun:
             "actions": self.actions, "peak_backlog": self.peak_backlog}
 
 
+@dataclass(frozen=True)
+class Completion:
+    """The job runner's answer to a rescale, as the simulator gives it (what `tap` sees)."""
+
+    running: int
+    downtime_s: float
+    completed_at: float
+
+
 def rate_factors(windows: int, seed: int, sigma: float | None = None) -> np.ndarray:
     """Per window, the factor every instance's rate is multiplied by (GC pauses, co-located load): log-normal
     with mean 1 and log-sd `sigma` (default: the demo job model's). The same realisation goes to every
@@ -199,10 +210,12 @@ def simulate(
     job_id: str = "eval",
     factors: np.ndarray | None = None,
     start_s: float = 0.0,
+    tap: Callable[[MetricReport | Completion], None] | None = None,
 ) -> PolicyRun:
     """Replay `trace` into `model` under `policy`, one window at a time (see the module docstring).
     With `start_s`, the job starts that long after the load, as a live job does (Spark's start-up):
-    the arrivals wait meanwhile, and its slots, lag and time beyond the target count from its start."""
+    the arrivals wait meanwhile, and its slots, lag and time beyond the target count from its start.
+    `tap` sees every report the job sends and every answer of its runner, in order (a recording)."""
     started = time.perf_counter()
     w = trace.window_s
     half = w / REPORTS_PER_WINDOW
@@ -228,8 +241,12 @@ def simulate(
             sent = report(model, state, job_id, s + half - REPORT_EARLY_S, outcome, rate)
             if sent is not None:
                 loop.fold(sent)
+                if tap is not None:
+                    tap(sent)
         if pending_completion is not None and pending_completion[2] <= end:
             from_p, downtime, completed_at = pending_completion
+            if tap is not None:
+                tap(Completion(state.job_parallelism, downtime, completed_at))
             # As the job runner reports it: how it changed the job.
             policy.on_rescaled(from_p, state.job_parallelism, downtime, completed_at,
                                "in_place" if model.in_place else "restart")
@@ -255,6 +272,8 @@ def simulate(
         if wanted == state.job_parallelism:
             # Already there (the job model changed since the window's reports): the runner answers at once.
             policy.on_rescaled(wanted, wanted, 0.0, end, "in_place" if model.in_place else "restart")
+            if tap is not None:
+                tap(Completion(wanted, 0.0, end))
             continue
         if restarting:
             ignored += 1  # one rescale at a time, as execute's lock enforces
