@@ -15,7 +15,7 @@ from contracts.dead_letters import Rejection, dead_letter
 from contracts.messages import MetricWindow
 from contracts.settings import Settings
 from contracts.stage import JOB_BATCH_MAX, JOB_BATCH_WITHIN_S, Incoming, Publish, Subscription, Timer, per_key
-from knowledge import Knowledge
+from knowledge.protocols import AnalyzeKnowledge
 
 log = logging.getLogger("autoscaler.analyze")
 
@@ -26,7 +26,7 @@ class AnalyzeAgent:
     name = "analyze"
     publishes = ("analyses", "dead_letter")
 
-    def __init__(self, settings: Settings, knowledge: Knowledge, publish: Publish):
+    def __init__(self, settings: Settings, knowledge: AnalyzeKnowledge, publish: Publish):
         self.settings = settings
         self.knowledge = knowledge
         self.publish = publish

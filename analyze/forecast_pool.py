@@ -19,7 +19,7 @@ from threadpoolctl import threadpool_limits
 
 from analyze.arima import ForecastConfig, fit_model
 from analyze.forecast import ForecastDecision, ForecastState, RetrainRequest, abandon_retrain, install_model, step
-from knowledge import Knowledge
+from knowledge.protocols import AnalyzeKnowledge
 
 log = logging.getLogger("autoscaler.analyze")
 
@@ -36,7 +36,7 @@ def _lower_priority() -> None:
 
 
 class Forecasting:
-    def __init__(self, knowledge: Knowledge, refit_workers: int = 1) -> None:
+    def __init__(self, knowledge: AnalyzeKnowledge, refit_workers: int = 1) -> None:
         # A step's linear algebra is small: BLAS threads would only contend with the refits. scipy's
         # OpenBLAS (statsmodels' filter) is loaded first: the limit covers loaded libraries only.
         import scipy.linalg  # noqa: F401

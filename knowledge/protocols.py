@@ -202,6 +202,42 @@ class ExecuteKnowledge(Decisions, Fencing, PlanStates, Protocol):
     lock and the rescale in flight, and the plan-state fields it records when a rescale ends."""
 
 
+class MonitorKnowledge(OpenWindows, Counters, Protocol):
+    """What monitor asks of the knowledge base: the registered jobs, the open windows, the counters."""
+
+    async def jobs(self) -> set[str]: ...
+
+
+class AnalyzeKnowledge(WindowCommits, Protocol):
+    """What analyze asks of the knowledge base: its window commits, the job's configuration, its last
+    valid analysis, the learned state and the forecast, and one read of plan's state (`needs_forecast`:
+    whether the job's policy plans with a forecast; see docs/architecture.md)."""
+
+    async def job_config(self, job_id: str) -> JobConfig: ...
+
+    async def last_valid_analysis(self, job_id: str, scan: int = 60) -> dict[str, Any] | None: ...
+
+    async def learned(self, job_id: str) -> dict[str, Any] | None: ...
+
+    async def forecast(self, job_id: str) -> tuple[str | None, bytes | None]: ...
+
+    async def save_forecast(self, job_id: str, state_json: str, model: bytes | None) -> None: ...
+
+    async def plan_state(self, job_id: str) -> PlanState: ...
+
+
+class PlanKnowledge(WindowCommits, SlotQuota, Protocol):
+    """What plan asks of the knowledge base: its window commits (with the plan state's fields), the
+    job's configuration and plan state, the slot quota, and one read of execute's state (whether it
+    holds the job's rescale lock; see docs/architecture.md)."""
+
+    async def job_config(self, job_id: str) -> JobConfig: ...
+
+    async def plan_state(self, job_id: str) -> PlanState: ...
+
+    async def lock_holder(self, job_id: str) -> LockHolder | None: ...
+
+
 class Knowledge(JobRegistry, OpenWindows, AnalysisModels, WindowCommits, PlanStates, Decisions, Fencing,
                 SlotQuota, Counters, Protocol):
     """All of it, as a stage's agent and the command line use it."""

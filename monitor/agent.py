@@ -12,7 +12,7 @@ import time
 from contracts import metrics
 from contracts.settings import Settings
 from contracts.stage import Incoming, Publish, Subscription, Timer, publish_per_key
-from knowledge import Knowledge
+from knowledge.protocols import MonitorKnowledge
 from monitor import kernel
 from monitor.windows import WindowState
 
@@ -26,7 +26,7 @@ REGISTRY_TTL_S = 2.0
 class RegistryCache:
     """Known job ids, refreshed every few seconds; a miss is re-checked so new jobs count at once."""
 
-    def __init__(self, knowledge: Knowledge):
+    def __init__(self, knowledge: MonitorKnowledge):
         self.knowledge = knowledge
         self.known: set[str] = set()
         self.loaded_at = 0.0
@@ -45,7 +45,7 @@ class MonitorAgent:
     name = "monitor"
     publishes = ("windows", "dead_letter")
 
-    def __init__(self, settings: Settings, knowledge: Knowledge, publish: Publish):
+    def __init__(self, settings: Settings, knowledge: MonitorKnowledge, publish: Publish):
         self.settings = settings
         self.knowledge = knowledge
         self.publish = publish

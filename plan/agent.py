@@ -12,7 +12,7 @@ from contracts.analyses import Analysis
 from contracts.decisions import Action
 from contracts.settings import Settings
 from contracts.stage import JOB_BATCH_MAX, JOB_BATCH_WITHIN_S, Incoming, Publish, Subscription, Timer, per_key
-from knowledge import Knowledge
+from knowledge.protocols import PlanKnowledge
 from plan import kernel
 from plan.cost_plan import warm_up
 
@@ -25,7 +25,7 @@ class PlanAgent:
     name = "plan"
     publishes = ("decisions",)
 
-    def __init__(self, settings: Settings, knowledge: Knowledge, publish: Publish):
+    def __init__(self, settings: Settings, knowledge: PlanKnowledge, publish: Publish):
         self.settings = settings
         self.knowledge = knowledge
         self.publish = publish
