@@ -15,7 +15,8 @@ policy, chosen by its registry name, decides. A recovery the analysis reports af
 autoscaler executed (`plan.proactive.after_executed_rescale`) is attached as a `recovered` notice,
 beside the prediction made when the rescale was decided; after a parallelism change it did not make
 (recommend mode, an operator's restart) there is none. The slot quota is
-the plan agent's (it reserves slots atomically across jobs); `with_quota` applies its grant.
+the plan agent's (it reserves slots atomically across jobs); the `SlotQuota` gate
+(`plan.gates.with_quota`) applies its grant.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from contracts.analyses import Analysis
-from contracts.decisions import Action, DecisionReason, ScalingDecision
+from contracts.decisions import Action, ScalingDecision
 from contracts.jobs import JobConfig, Mode
 from contracts.plan_state import PlanState
+from plan.gates import with_quota
 from plan.policy import Plan, ScalingPolicy, hold
 from plan.proactive import after_executed_rescale, recovery_notice
 from plan.registry import UnknownPolicy, make_policy
@@ -120,37 +122,6 @@ def decide(
         if new.pending_recovery == state.pending_recovery:  # unless this window rescales again
             new = new.updated({"pending_recovery": None})
     return new, plan
-
-
-def apply_quota(plan: Plan, current: int, granted: int, quota: int) -> tuple[Plan, DecisionReason | None]:
-    """Trim a scale-up to the slots the quota grants (granted >= current: a job keeps what it has)."""
-    if plan.action is not Action.SCALE_UP or granted >= plan.to_parallelism:
-        return plan, None
-    numbers = {"quota": quota, "granted": granted, "recommended": plan.to_parallelism}
-    notice = DecisionReason(
-        code="quota_bound", rule="slot_quota",
-        message=f"the slot quota ({quota} across all jobs) trims the scale-up to {granted} of "
-                f"{plan.to_parallelism} recommended", numbers=numbers,
-    )
-    if granted <= current:
-        return hold(current, "quota_exhausted", notice.message, rule="slot_quota", **numbers), notice
-    reason = plan.reason.model_copy(update={
-        "message": f"{plan.reason.message}; {notice.message}", "numbers": {**plan.reason.numbers, **numbers},
-    })
-    return replace(plan, to_parallelism=granted, reason=reason), notice
-
-
-def with_quota(state: PlanState, plan: Plan, current: int, granted: int, quota: int) -> tuple[PlanState, Plan]:
-    """The plan within the slots granted; a `quota_bound` notice when the quota starts to bind, not at
-    every window it keeps binding."""
-    plan, notice = apply_quota(plan, current, granted, quota)
-    if notice is not None:
-        if not state.quota_bound:
-            plan = replace(plan, notices=[*plan.notices, notice])
-        return state.updated({"quota_bound": True}), plan
-    if state.quota_bound:
-        return state.updated({"quota_bound": False}), plan
-    return state, plan
 
 
 def to_decision(plan: Plan, analysis: Analysis, config: JobConfig) -> ScalingDecision:
