@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from enum import Enum
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -91,6 +92,11 @@ def _nested(annotation: Any) -> list[type[BaseModel]]:
     return found
 
 
+def _plain(value: object) -> object:
+    """An enum default as its value, the way it appears in JSON."""
+    return value.value if isinstance(value, Enum) else value
+
+
 def contracts_markdown() -> str:
     """docs/contracts.md: every topic's contract, field by field, from the models themselves."""
     from contracts.settings import Topics
@@ -116,7 +122,7 @@ def contracts_markdown() -> str:
         lines += ["", f"## {title}", "", doc, "", "| field | type | default | meaning |", "|---|---|---|---|"]
         for name, field in model.model_fields.items():
             default = "required" if field.is_required() else (
-                "(generated)" if field.default_factory is not None else f"`{field.default!r}`")
+                "(generated)" if field.default_factory is not None else f"`{_plain(field.default)!r}`")
             meaning = " ".join((field.description or "").split()).replace("|", "\\|")
             bounds = _constraints(field.metadata)
             kind = (_type_name(field.annotation) + (f" ({bounds})" if bounds else "")).replace("|", "\\|")

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import Field
 
 from contracts.backends import BackendKind
+from contracts.jobs import Mode
 from contracts.messages import Contract, JobId, NonNegativeFloat, Parallelism, new_id
 
 # ---------------------------------------------------------------- output: decisions
@@ -71,7 +72,7 @@ class ScalingDecision(Contract):
         default_factory=list, description="Findings execute publishes as `notice` events (e.g. `quota_bound`, "
         "`ineffective_scale_up`)."
     )
-    mode: str = Field("auto", description="`auto`: executed; `recommend`: published only.")
+    mode: Mode = Field(Mode.AUTO, description="`auto`: executed; `recommend`: published only.")
     closed_at: float = Field(description="Wall time the window behind this decision was closed.")
 
 

@@ -37,6 +37,7 @@ from contracts.decisions import (
     ScalingEvent,
 )
 from contracts.execution import InFlight, LockHolder
+from contracts.jobs import Mode
 from contracts.plan_state import Direction
 
 COMMANDS = "commands"
@@ -163,7 +164,7 @@ def on_decision(decision: ScalingDecision, *, done: bool, holder: LockHolder | N
     if done:
         return DecisionStep(ignored=f"decision {decision.decision_id} already executed; ignoring the redelivery")
     effects: tuple[Effect, ...] = tuple(Emit(notice_event(decision, i, now)) for i in range(len(decision.notices)))
-    if decision.action is not Action.NONE and decision.mode == "auto":
+    if decision.action is not Action.NONE and decision.mode is Mode.AUTO:
         if holder is not None and holder.decision_id == decision.decision_id:
             return DecisionStep(effects, lock=Held(holder.token))
         return DecisionStep(effects, lock=AcquireLock(job, decision.decision_id, ttl_s))

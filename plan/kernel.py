@@ -138,6 +138,6 @@ def to_decision(plan: Plan, analysis: Analysis, config: JobConfig) -> ScalingDec
         reason=plan.reason,
         recommended_parallelism=plan.recommended,
         notices=plan.notices,
-        mode=config.mode.value,
+        mode=config.mode,
         closed_at=analysis.closed_at,
     )
