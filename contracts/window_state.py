@@ -25,10 +25,11 @@ class _Built:
     """`built`, the fast constructor of the frozen dataclasses below."""
 
     @classmethod
-    def built(cls, **fields: Any) -> Self:
-        """An instance from every field by keyword (no defaults, no checks). The monitor builds
-        several values per report: this skips the frozen `__init__`'s attribute-by-attribute
-        assignment, which would cost more than the report's arithmetic."""
+    def built(cls, fields: dict[str, Any]) -> Self:
+        """An instance whose attributes are `fields`, every field by name (no defaults, no checks);
+        it keeps the dict, which the caller must not use again. The monitor builds several values
+        per report: this skips the frozen `__init__`'s attribute-by-attribute assignment and a
+        keyword call's argument handling, which together cost more than the report's arithmetic."""
         value = object.__new__(cls)
         object.__setattr__(value, "__dict__", fields)
         return value
@@ -199,9 +200,10 @@ class SeenReports:
 
     def adding(self, key: SeenKey) -> SeenReports:
         """These keys and `key`."""
-        if key in self:
-            return self
         index = self._index
+        position = index.get(key)
+        if position is not None and position < self._len:
+            return self
         if len(index) != self._len:  # another value already grew this dict: branch off
             index = dict(islice(index.items(), self._len))
         index[key] = self._len

@@ -18,7 +18,14 @@ import math
 from collections.abc import Iterable, Mapping
 
 from contracts.messages import MetricReport, MetricWindow, OperatorWindow, SourceWindow, WorkerWindow
-from contracts.window_state import OperatorAggregate, SeenKey, SourceAggregate, WindowState, WorkerAggregate
+from contracts.window_state import (
+    OperatorAggregate,
+    SeenKey,
+    SeenReports,
+    SourceAggregate,
+    WindowState,
+    WorkerAggregate,
+)
 
 __all__ = ["MAX_SEEN_PER_WINDOW", "DuplicateReport", "LateReport", "RefusedReport", "WindowState", "add_report",
            "already_applied", "close_window", "new_window", "window_start_for"]
@@ -88,7 +95,7 @@ def add_report(
     closed: MetricWindow | None = None
     key = _seen_key(report)
     if state is None:
-        state = new_window(start)
+        reports, workers, offsets, seen = 0, {}, {}, SeenReports()
     elif start < state.start:
         raise LateReport(
             f"report at {report.timestamp:.3f} belongs to window {start:.0f}, "
@@ -96,21 +103,24 @@ def add_report(
         )
     elif start > state.start:
         closed = close_window(state, report.job_id, interval_s)
-        state = WindowState(start, offsets=state.offsets)
+        reports, workers, offsets, seen = 0, {}, state.offsets, SeenReports()
     elif key in state.seen:
         raise DuplicateReport(
             f"worker {report.worker_id!r} already reported the interval ending at {report.timestamp!r} "
             f"in window {state.start:.0f}; the first report counts"
         )
-    reports = state.reports + 1
-    workers = dict(state.workers)
+    else:
+        reports, workers, offsets, seen = state.reports, dict(state.workers), state.offsets, state.seen
+    reports += 1
     workers[report.worker_id] = _fold(workers.get(report.worker_id), report)
     # A window saved before duplicate detection existed remembers only the reports folded since.
-    seen = state.seen.adding(key) if reports <= MAX_SEEN_PER_WINDOW else state.seen
-    offsets = state.offsets
+    if reports <= MAX_SEEN_PER_WINDOW:
+        seen = seen.adding(key)
     if partition is not None and offset is not None:
         offsets = {**offsets, partition: offset}
-    return WindowState.built(start=state.start, reports=reports, workers=workers, offsets=offsets, seen=seen), closed
+    return WindowState.built(
+        {"start": start, "reports": reports, "workers": workers, "offsets": offsets, "seen": seen}
+    ), closed
 
 
 def _seen_key(report: MetricReport) -> SeenKey:
@@ -122,11 +132,12 @@ def _fold(worker: WorkerAggregate | None, report: MetricReport) -> WorkerAggrega
     interval, end, parallelism = report.interval_s, report.timestamp, report.parallelism
     begin = end - interval
     if worker is None:
-        worker = WorkerAggregate(
-            records_in=0, records_out=0, busy=0.0, observed=0.0, first_begin=begin, last_end=end,
-            parallelism_first=parallelism, parallelism_last=parallelism, parallelism_changed=False,
-            cpu_weighted=0.0, cpu_time=0.0, operators={}, spans={},
-        )
+        worker = WorkerAggregate.built({
+            "records_in": 0, "records_out": 0, "busy": 0.0, "observed": 0.0, "first_begin": begin, "last_end": end,
+            "parallelism_first": parallelism, "parallelism_last": parallelism, "parallelism_changed": False,
+            "cpu_weighted": 0.0, "cpu_time": 0.0, "operators": {}, "spans": {}, "batches": None, "batch_time": None,
+            "shuffle_partitions": None, "source": None,
+        })
     batches, batch_time = worker.batches, worker.batch_time
     if report.batches is not None:
         batches = (batches or 0) + report.batches
@@ -148,47 +159,47 @@ def _fold(worker: WorkerAggregate | None, report: MetricReport) -> WorkerAggrega
                 agg.records_in, agg.records_out, agg.busy, agg.arrivals)
             if op.arrival_rate is not None:
                 arrivals = (arrivals or 0.0) + op.arrival_rate * interval
-            operators[op.operator_id] = OperatorAggregate.built(
-                records_in=old_in + op.records_in, records_out=old_out + op.records_out,
-                busy=old_busy + op.busy_time_s, arrivals=arrivals, upstream=tuple(op.upstream),
-                parallelism=op.parallelism,
-            )
-    return WorkerAggregate.built(
-        records_in=worker.records_in + report.records_in,
-        records_out=worker.records_out + report.records_out,
-        busy=worker.busy + report.busy_time_s,
-        observed=worker.observed + interval,
-        first_begin=min(worker.first_begin, begin),
-        last_end=max(worker.last_end, end),
-        parallelism_first=worker.parallelism_first,
-        parallelism_last=parallelism,
-        parallelism_changed=worker.parallelism_changed or parallelism != worker.parallelism_first,
-        cpu_weighted=cpu_weighted,
-        cpu_time=cpu_time,
-        operators=operators,
-        spans=spans,
-        batches=batches,
-        batch_time=batch_time,
-        shuffle_partitions=worker.shuffle_partitions if report.shuffle_partitions is None
+            operators[op.operator_id] = OperatorAggregate.built({
+                "records_in": old_in + op.records_in, "records_out": old_out + op.records_out,
+                "busy": old_busy + op.busy_time_s, "arrivals": arrivals, "upstream": tuple(op.upstream),
+                "parallelism": op.parallelism,
+            })
+    return WorkerAggregate.built({
+        "records_in": worker.records_in + report.records_in,
+        "records_out": worker.records_out + report.records_out,
+        "busy": worker.busy + report.busy_time_s,
+        "observed": worker.observed + interval,
+        "first_begin": min(worker.first_begin, begin),
+        "last_end": max(worker.last_end, end),
+        "parallelism_first": worker.parallelism_first,
+        "parallelism_last": parallelism,
+        "parallelism_changed": worker.parallelism_changed or parallelism != worker.parallelism_first,
+        "cpu_weighted": cpu_weighted,
+        "cpu_time": cpu_time,
+        "operators": operators,
+        "spans": spans,
+        "batches": batches,
+        "batch_time": batch_time,
+        "shuffle_partitions": worker.shuffle_partitions if report.shuffle_partitions is None
         else report.shuffle_partitions,
-        source=worker.source if report.source is None else _fold_source(worker.source, report),
-    )
+        "source": worker.source if report.source is None else _fold_source(worker.source, report),
+    })
 
 
 def _fold_source(src: SourceAggregate | None, report: MetricReport) -> SourceAggregate:
     metrics = report.source
     assert metrics is not None
     arrivals, observed = (0.0, 0.0) if src is None else (src.arrivals, src.observed)
-    return SourceAggregate.built(
-        arrivals=arrivals + metrics.arrival_rate * report.interval_s,
-        observed=observed + report.interval_s,
-        backlog_first=metrics.backlog if src is None else src.backlog_first,
-        first_at=report.timestamp if src is None else src.first_at,
-        backlog_last=metrics.backlog,
-        last_at=report.timestamp,
-        partitions=metrics.partitions,
-        splittable=(src is None or src.splittable) and metrics.splittable,
-    )
+    return SourceAggregate.built({
+        "arrivals": arrivals + metrics.arrival_rate * report.interval_s,
+        "observed": observed + report.interval_s,
+        "backlog_first": metrics.backlog if src is None else src.backlog_first,
+        "first_at": report.timestamp if src is None else src.first_at,
+        "backlog_last": metrics.backlog,
+        "last_at": report.timestamp,
+        "partitions": metrics.partitions,
+        "splittable": (src is None or src.splittable) and metrics.splittable,
+    })
 
 
 def close_window(state: WindowState, job_id: str, interval_s: float) -> MetricWindow:
@@ -285,8 +296,11 @@ def _operator_windows(workers: Iterable[WorkerAggregate], observed: float) -> li
                 merged[op_id] = agg
                 continue
             arrivals = into.arrivals if agg.arrivals is None else (into.arrivals or 0.0) + agg.arrivals
-            merged[op_id] = OperatorAggregate(into.records_in + agg.records_in, into.records_out + agg.records_out,
-                                              into.busy + agg.busy, arrivals, agg.upstream, agg.parallelism)
+            merged[op_id] = OperatorAggregate.built({
+                "records_in": into.records_in + agg.records_in, "records_out": into.records_out + agg.records_out,
+                "busy": into.busy + agg.busy, "arrivals": arrivals, "upstream": agg.upstream,
+                "parallelism": agg.parallelism,
+            })
     return [
         OperatorWindow(
             operator_id=op_id,
