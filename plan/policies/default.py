@@ -19,14 +19,14 @@ plans with, each an estimate on the safe side:
   job whose executors are changed in place (`scaling_backend`), a scale-up's measured time at the old
   capacity and a scale-down's hold, with nothing replayed (`contracts.backends`).
 
-After a rescale it measures the new parallelism for FIT_MIN_WINDOWS windows before it plans again,
-unless the backlog heads beyond its target. A scale-down within the job's `scale_down_delay_s` of a
-scale-up waits unless the arrival level has shifted since (the load dropped), and a rescale waits
-for LEVEL_WINDOWS windows of the current level (a scale-up only while the backlog is not heading
-beyond its target): one action per load change.
-The job's own limits hold as for every policy: excluded periods, the step bounds and partition
-alignment; each rescale carries its predicted recovery time. So the planner is the schedule search and
-its gates (`plan.gates`): `MeasuringHold` before the search, `GATES` after it.
+The planner is the schedule search and its gates (`plan.gates`). After a rescale it measures the new
+parallelism for FIT_MIN_WINDOWS windows before it searches again, unless the backlog heads beyond its
+target (`MeasuringHold`). On the plan, in order (`CostPlanner.gates`): a rescale waits for
+LEVEL_WINDOWS windows of the current arrival level, a scale-up only while the backlog is not heading
+beyond its target (`LevelHold`); a scale-down within the job's `scale_down_delay_s` of a scale-up
+waits unless the arrival level has shifted since, the load dropped (`ScaleDownAfterScaleUp`): one
+action per load change. Then the job's own limits, as for every policy: excluded periods, the step
+bounds and partition alignment. Each rescale carries its predicted recovery time.
 
 Pure: everything it learns lives in the plan state's `policy_state`. A job planned per operator
 (`per_operator`, a Flink-like layout with one parallelism per operator) is sized by DS2 inside its
