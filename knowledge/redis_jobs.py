@@ -60,6 +60,7 @@ class RedisJobs(RedisBase):
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.srem(self._jobs_key, job_id)
             pipe.hdel(self._allocations_key, job_id)
+            pipe.zrem(self._inflight_key, job_id)  # its rescale in flight's deadline
             if keys:
                 pipe.delete(*keys)
             await pipe.execute()

@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from contracts.execution import InFlight
 from contracts.settings import Settings
 from knowledge import RedisKnowledge
 from tests.knowledge_contract import CHECKS, Check
@@ -60,6 +61,36 @@ def test_a_plan_state_stored_the_old_way_is_read_and_migrated_once(settings: Set
             assert stored["planned_until"] == "1010.0"  # the watermarks stay
             assert not await knowledge.redis.exists(knowledge._key(job, "downtimes:up"))
             assert await knowledge.plan_state(job) == state  # read again: the same, nothing to migrate
+        finally:
+            await knowledge.unregister_job(job)
+            await knowledge.close()
+
+    asyncio.run(go())
+
+
+def test_a_rescale_in_flight_stored_the_old_way_is_read(settings: Settings) -> None:
+    async def go() -> None:
+        knowledge = RedisKnowledge(settings)
+        job = f"old-{uuid.uuid4().hex[:6]}"
+        key = knowledge._key(job, "inflight")
+        try:
+            # As execute kept it before the typed record: the whole decision and the token; the deadline
+            # only in the overdue index.
+            decision = {"schema_version": 1, "decision_id": "d1", "job_id": job, "action": "scale_up",
+                        "from_parallelism": 2, "to_parallelism": 4, "mode": "auto", "policy": "default"}
+            await knowledge.redis.hset(key, mapping={"decision": json.dumps(decision), "token": "7"})
+            await knowledge.redis.zadd(knowledge._inflight_key, {job: 900.0})
+            expected = InFlight(decision_id="d1", from_parallelism=2, to_parallelism=4, token=7, deadline=900.0)
+            assert await knowledge.inflight(job) == expected
+            assert await knowledge.claim_overdue(job)  # being failed as overdue: past its deadline
+            assert await knowledge.inflight(job) == expected.model_copy(update={"deadline": 0.0})
+            # Tracked again, it is stored in the current form, which the form before can still read.
+            await knowledge.track_rescale(job, expected)
+            stored = await knowledge.redis.hgetall(key)
+            assert json.loads(stored["decision"])["from_parallelism"] == 2 and stored["token"] == "7"
+            assert await knowledge.inflight(job) == expected
+            await knowledge.unregister_job(job)
+            assert job not in await knowledge.overdue_rescales(now=1000.0)
         finally:
             await knowledge.unregister_job(job)
             await knowledge.close()
