@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from contracts.plan_state import Downtimes
+from contracts.plan_state import Direction, Downtimes
 
 # Until measured, an in-place change: a new executor's JVM starting and registering (on 2 cores),
 # and one micro-batch finishing before the kill.
@@ -45,7 +45,7 @@ def restart_cost(current: int, target: int, measured: Downtimes, default_s: floa
     default until one is measured), and up to a checkpoint interval of input replayed."""
     if target == current:
         return ActionCost(pause_s=0.0)
-    direction = "up" if target > current else "down"
+    direction = Direction.of(current, target)
     return ActionCost(pause_s=measured.expected(direction, default_s), replay_s=checkpoint_interval_s)
 
 
@@ -59,8 +59,8 @@ def in_place_cost(current: int, target: int, measured: Downtimes, default_ramp_s
     if target == current:
         return ActionCost(pause_s=0.0)
     if target > current:
-        return ActionCost(pause_s=0.0, reduced_s=measured.expected("up", default_ramp_s))
-    return ActionCost(pause_s=measured.expected("down", default_pause_s))
+        return ActionCost(pause_s=0.0, reduced_s=measured.expected(Direction.UP, default_ramp_s))
+    return ActionCost(pause_s=measured.expected(Direction.DOWN, default_pause_s))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from contracts.analyses import Analysis, CapacityView, RecoveryView
 from contracts.decisions import DecisionReason
 from contracts.jobs import JobConfig
-from contracts.plan_state import Downtimes, PendingRecovery, PlanState
+from contracts.plan_state import Direction, Downtimes, PendingRecovery, PlanState
 from plan.policy import Plan, direction
 from plan.recovery import choose_scale_out, predict_recovery, replay_records
 
@@ -39,8 +39,8 @@ def ds2_capacity(parallelism: int, rate_per_slot: float) -> float:
 
 def downtimes_expected(downtimes: Downtimes, config: JobConfig) -> tuple[float, float]:
     """The restart to expect to scale up and to scale down, from the measured ones."""
-    up = downtimes.expected("up", config.restart_time_s, cap_s=config.restart_time_cap_s)
-    down = downtimes.expected("down", config.restart_time_s, cap_s=config.restart_time_cap_s)
+    up = downtimes.expected(Direction.UP, config.restart_time_s, cap_s=config.restart_time_cap_s)
+    down = downtimes.expected(Direction.DOWN, config.restart_time_s, cap_s=config.restart_time_cap_s)
     return up, down
 
 
@@ -108,7 +108,7 @@ def predicted_recovery_s(
     # the batch in flight completes and commits, none starts), so the restarted query resumes at the first
     # record not yet processed. The replay of a stop that interrupts a batch (`checkpoint_interval_s`, the
     # worst case) stays in the planner's choice, where it is a safety margin, not an expectation.
-    downtime = min(downtimes.typical("up" if to > analysis.parallelism else "down", config.restart_time_s),
+    downtime = min(downtimes.typical(Direction.of(analysis.parallelism, to), config.restart_time_s),
                    config.restart_time_cap_s)
     prediction = predict_recovery(capacity_of(to), values, step_s, float(analysis.backlog or 0), downtime, 0.0,
                                   beyond_horizon_s=max(0.0, 10 * config.target_recovery_s - len(values) * step_s),
@@ -137,7 +137,7 @@ def recovery_notice(recovery: RecoveryView, pending: PendingRecovery | None, sta
     predicted, observed, stopped = None, recovery.observed_s, None
     if pending and pending.to == recovery.to_parallelism:
         predicted = pending.predicted_s
-        direction = "up" if pending.to > pending.from_parallelism else "down"
+        direction = Direction.of(pending.from_parallelism, pending.to)
         measured = getattr(state.downtimes, direction) if state is not None else []
         if state is not None and state.last_rescale_at is not None and measured \
                 and state.last_rescale_at >= pending.window_end:

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-Direction = Literal["up", "down"]
 ChoiceCode = Literal["recent_rescale_holds", "current_sufficient", "smallest_sufficient", "none_sufficient"]
 
 
