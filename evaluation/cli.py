@@ -18,7 +18,7 @@ from rich.progress import Progress
 from contracts.backends import BackendKind
 from evaluation.convergence import experiment
 from evaluation.html_report import report_page
-from evaluation.job_models import WARM_UP_S, JobModelError
+from evaluation.model_files import WARM_UP_S, JobModelError
 from evaluation.report import markdown, plot, print_convergence, print_held_out, print_table
 from evaluation.suite import EVALUATED, EvalSettings, calibration, cases_of, evaluate_all, summarize
 from evaluation.traces import (
@@ -176,7 +176,7 @@ def calibrate_command(
     """Measure the demo job on this machine (per-slot rate per parallelism, batch overhead, restart time
     per direction, rate noise) and write a job-model file for `autoscaler evaluate --job-model`."""
     from evaluation.calibrate import calibrate
-    from evaluation.job_models import write_job_model
+    from evaluation.model_files import write_job_model
 
     console = Console()
     options = {"cost_ms": str(cost_ms), **dict(item.split("=", 1) for item in option or [])}
