@@ -12,7 +12,7 @@ from contracts.plan_state import Downtimes, PlanState
 from plan.capacity_estimate import Measured, SlotStats
 from plan.cost_plan import PlanProblem, solve, solve_with_next
 from plan.policies.default import CostPlanner, PlannerMemory
-from tests.unit.test_cost_planner import replay
+from tests.unit.test_cost_plan import replay
 
 PER_SLOT = 215.0  # the demo job: 215 rec/s per slot up to 3 slots, 80 % of that for each slot beyond
 
