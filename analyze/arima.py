@@ -65,9 +65,9 @@ class ForecastConfig(BaseModel):
 class ArimaModel:
     """A fitted ARIMA as what it is: the statsmodels SARIMAX specification auto_arima chose, its
     fitted parameters and the window of points it filters. Kept as JSON (a few KB), not a pickle of
-    the fitted object (0.3-2.3 MB): rebuilding the state-space model and filtering 720 points takes
-    a few milliseconds, where unpickling, updating and pickling the object took 50-250 ms, and
-    nothing stored is ever unpickled."""
+    the fitted object: rebuilding the state-space model and filtering the points is cheaper than
+    unpickling, updating and pickling it (docs/results.md, "Measurements moved from docstrings"),
+    and nothing stored is ever unpickled."""
 
     spec: dict[str, Any]  # SARIMAX keyword arguments (order, seasonal_order, trend, ...)
     params: tuple[float, ...]
@@ -186,8 +186,8 @@ def update_model(
     last `max_points` are kept, so its size and cost stay bounded however long the job runs.
 
     The parameters stay those of the last fit: every forecast filters the latest points through
-    them (the state follows the data), and a refit re-estimates them when the forecasts turn poor.
-    Re-estimating every window (pmdarima's `update`) cost 50-250 ms per job and window."""
+    them (the state follows the data), and a refit re-estimates them when the forecasts turn poor,
+    not every window (pmdarima's `update`, too dear per job and window: docs/results.md)."""
     new = _series(new_points, "new_points")
     if new.size == 0:
         return model_bytes

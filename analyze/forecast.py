@@ -12,10 +12,8 @@ model's bytes; it calls `step` once per loop with the points that arrived and ru
 - after `poor_loops_before_retrain` consecutive poor ARIMA loops a refit is requested, at most one
   outstanding per job; the first fit is requested the same way once `min_fit_points` have arrived.
 
-Costs measured on 2 busy cores (pmdarima 2.1.1): `fit_model` on 150-720 points 0.3-7 s (the order
-found and the load decide); a `step` (filter and forecast) under 10 ms on an idle core; the
-model's bytes (JSON: specification, parameters, points) about 15 KB for 720 points. The shell runs
-`step` in a thread and a fit in the process pool.
+A fit takes seconds and a `step` milliseconds (docs/results.md, "Measurements moved from
+docstrings"), so the shell runs `step` in a thread and a fit in the process pool.
 """
 
 from __future__ import annotations

@@ -356,7 +356,7 @@ def describe(schedule: Schedule, step_s: float, limit: int = 4) -> str:
 
 def warm_up() -> None:
     """Solve one small problem, so that the process's first decision does not pay for loading the
-    compiled search (about 0.9 s on a 2-core machine, even from numba's on-disk cache). The plan agent
+    compiled search (most of a second, even from numba's on-disk cache: docs/results.md). The plan agent
     runs it in a thread as it starts, while its worker joins the consumer group."""
     solve_with_next(PlanProblem(
         parallelism=1, backlog=0.0, rates=np.full(3, 100.0), step_s=60.0,
