@@ -162,7 +162,6 @@ class RecoveryDetector:
             normal=Moments.from_dict(data["normal"]), recovery_start=optional("recovery_start"),
             streak=int(data["streak"]), streak_start=optional("streak_start"),
             last_recovery_s=optional("last_recovery_s"),
-            # Absent in a detector stored before the interpolated end: no last point then.
-            last_excess=None if data.get("last_excess") is None else (float(data["last_excess"][0]),
+            last_excess=None if data["last_excess"] is None else (float(data["last_excess"][0]),
                                                                        float(data["last_excess"][1])),
         )

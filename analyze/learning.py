@@ -54,8 +54,7 @@ class Learned:
             capacity=CapacityModel.from_dict(data["capacity"]), detector=RecoveryDetector.from_dict(data["detector"]),
             parallelism=data["parallelism"], windows_at_parallelism=int(data["windows_at_parallelism"]),
             last_window_end=data["last_window_end"], recovery_from=data["recovery_from"], windows=int(data["windows"]),
-            # Absent in what was stored before they were kept.
-            last_backlog=data.get("last_backlog"), last_report_at=data.get("last_report_at"),
+            last_backlog=data["last_backlog"], last_report_at=data["last_report_at"],
         )
 
 

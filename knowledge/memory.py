@@ -20,6 +20,7 @@ from contracts.jobs import JobConfig, validate_overrides
 from contracts.plan_state import PLAN_STATE_VERSION, Direction, PlanState
 from contracts.settings import Settings
 from contracts.window_state import WindowState
+from knowledge import stored_forms
 from knowledge.protocols import DECISION_MARKER_TTL_S, HISTORY, REPUBLISH_SCAN, WATERMARKS, Stage
 from knowledge.redis_execution import inflight_fields, load_inflight
 
@@ -138,7 +139,7 @@ class MemoryKnowledge:
 
     async def learned(self, job_id: str) -> dict[str, Any] | None:
         raw = self._values.get((job_id, "learned"))
-        return json.loads(raw) if raw else None
+        return stored_forms.learned(json.loads(raw)) if raw else None
 
     async def forecast(self, job_id: str) -> tuple[str | None, bytes | None]:
         return self._forecasts.get(job_id, (None, None))

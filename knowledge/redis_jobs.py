@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 from contracts.jobs import CONFIG_VERSION, CONFIG_VERSION_FIELD, JobConfig, stored_overrides, validate_overrides
 from contracts.plan_state import PLAN_STATE_VERSION, Direction, PlanState
 from contracts.window_state import WindowState
+from knowledge import stored_forms
 from knowledge.protocols import HISTORY, REPUBLISH_SCAN, WATERMARKS, Stage
 from knowledge.redis_base import RedisBase
 
@@ -103,7 +104,7 @@ class RedisJobs(RedisBase):
 
     async def learned(self, job_id: str) -> dict[str, Any] | None:
         raw = await self.redis.get(self._key(job_id, "learned"))
-        return json.loads(raw) if raw else None
+        return stored_forms.learned(json.loads(raw)) if raw else None
 
     async def forecast(self, job_id: str) -> tuple[str | None, bytes | None]:
         async with self._raw.pipeline(transaction=True) as pipe:
