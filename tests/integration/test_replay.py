@@ -2,7 +2,7 @@
 through the simulator's loop (`evaluation.loop.Loops`), gives the same decisions, field for field but
 ids and wall-clock stamps.
 
-The stream (tests/support/replay.py) holds a load step and a load drop, eight rescales (each a job
+The stream (tests/support/replay.py) holds a load step and a load drop, five rescales (each a job
 restart: its reports stop, then resume at the new parallelism, and the runner's answer), a malformed
 record and a report of an unregistered job. Halfway, the agents are restarted: they continue from
 knowledge. Both paths are fed window by window; after each window the live side is waited for until
@@ -30,7 +30,7 @@ from tests.support.replay import JOBS, answer, comparable, from_parallelism, in_
 pytestmark = pytest.mark.integration
 
 WAIT_S = 60.0
-RESTART_AT_WINDOW = 20
+RESTART_AT_WINDOW = 15
 
 
 def register(settings: Settings) -> None:

@@ -39,8 +39,8 @@ STREAM = Path(__file__).resolve().parent.parent / "data" / "replay_stream.jsonl"
 # parallelism it starts at. The default planner forecasts with its linear fallback: no ARIMA fit is
 # asked for (a fit runs in a process pool and lands when it lands, live).
 JOBS: dict[str, tuple[dict[str, str], list[float], int]] = {
-    "orders": ({"policy": "default", "forecast_min_points": "10000"}, [150.0] * 14 + [700.0] * 30, 1),
-    "clicks": ({"policy": "ds2"}, [900.0] * 10 + [300.0] * 34, 5),
+    "orders": ({"policy": "default", "forecast_min_points": "10000"}, [150.0] * 8 + [700.0] * 22, 1),
+    "clicks": ({"policy": "ds2"}, [900.0] * 6 + [300.0] * 24, 5),
 }
 SEED = 7
 
