@@ -16,6 +16,9 @@ The agents are shells around pure kernels (`monitor.kernel`, `analyze.kernel`, `
 
 Kept here rather than in knowledge, for speed, with the same meaning: the open window, the learned
 state and the last 60 analyses (the fallback of an idle window, `last_valid_analysis`).
+
+`Loops` runs many jobs' loops on one knowledge base, fed the records the agents read (the metric
+topic's, with bad ones dead-lettered, and the runners' reports).
 """
 
 from __future__ import annotations
