@@ -18,6 +18,7 @@ from contracts.messages import (
     OperatorId,
     Parallelism,
     PositiveFloat,
+    StateWindow,
 )
 
 
@@ -110,6 +111,9 @@ class Analysis(Contract):
     splittable: bool = True
     shuffle_partitions: int | None = None
     operators: list[OperatorAnalysis] = Field(default_factory=list)
+    state: StateWindow | None = Field(None, description="The query's state at the window's end (the window's).")
+    watermark_lag_s: NonNegativeFloat | None = None
+    output_lag_s: NonNegativeFloat | None = None
     capacity: CapacityView | None = None
     forecast: ForecastView | None = None
     recovery: RecoveryView | None = None

@@ -66,6 +66,23 @@ class OperatorMetrics(Contract):
     )
 
 
+class StateOperatorMetrics(Contract):
+    """One stateful operator of the query at the interval's end (Spark: an entry of the progress's
+    `stateOperators`: a windowed aggregation, a deduplication, one side pair of a stream-stream join)."""
+
+    operator: Annotated[str, Field(min_length=1, max_length=128)] = Field(
+        description="The operator's name (Spark: operatorName, e.g. stateStoreSave, dedupeWithinWatermark, "
+        "symmetricHashJoin).")
+    rows: NonNegativeInt = Field(description="Rows in its state at the interval's end (Spark: numRowsTotal).")
+    memory_bytes: NonNegativeInt = Field(description="Memory its state uses at the interval's end "
+                                                     "(Spark: memoryUsedBytes).")
+    commit_time_s: NonNegativeFloat = Field(0.0, description="Seconds spent committing its state in the interval's "
+                                                              "batches, summed (Spark: commitTimeMs).")
+    partitions: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+        None, description="Its state partitions (Spark: numShufflePartitions), fixed when the query first started "
+        "(stored in the checkpoint): more task slots than these buy nothing. None: they could not be read.")
+
+
 class MetricReport(Contract):
     """A worker's metrics for one interval. Topic `autoscaler.metrics`, key = job id."""
 
@@ -98,11 +115,24 @@ class MetricReport(Contract):
         "parallelism can be aligned to spread them evenly."
     )
     operators: list[OperatorMetrics] = Field(default_factory=list, max_length=256)
+    state: list[StateOperatorMetrics] = Field(
+        default_factory=list, max_length=64, description="The query's stateful operators; empty for a stateless job.")
+    watermark_lag_s: Annotated[float, Field(ge=0, le=31_536_000, allow_inf_nan=False)] | None = Field(
+        None, description="How far the event-time watermark lags behind the interval's end, seconds; None when the "
+        "query has no watermark.")
+    output_lag_s: Annotated[float, Field(ge=0, le=31_536_000, allow_inf_nan=False)] | None = Field(
+        None, description="Event-time latency of the output: the interval's end minus the newest event time the "
+        "sink wrote, seconds; None when the job does not report it.")
 
     @model_validator(mode="after")
     def _operators_are_a_dag(self) -> MetricReport:
         if (self.batches is None) != (self.batch_time_s is None):
             raise ValueError("batches and batch_time_s come together (both or neither)")
+        for op in self.state:
+            if op.partitions is not None and self.shuffle_partitions is not None \
+                    and op.partitions > self.shuffle_partitions:
+                raise ValueError(f"state operator {op.operator!r} has {op.partitions} state partitions, more than the "
+                                 f"{self.shuffle_partitions} shuffle partitions (the tasks of its stage)")
         ids = [op.operator_id for op in self.operators]
         if len(set(ids)) != len(ids):
             raise ValueError("operator ids must be unique")
@@ -146,6 +176,18 @@ class WorkerWindow(Contract):
     utilization_source: Literal["busy", "cpu"]
 
 
+class StateWindow(Contract):
+    """The query's state at the window's end, over all its stateful operators (and workers)."""
+
+    operators: Annotated[int, Field(ge=1)] = Field(description="Stateful operators reported.")
+    rows: NonNegativeInt = Field(description="Rows in state, summed over the operators.")
+    memory_bytes: NonNegativeInt = Field(description="Memory the state uses, summed over the operators.")
+    commit_time_s: NonNegativeFloat = Field(description="Seconds spent committing state in the window, summed.")
+    partitions: int | None = Field(
+        description="The fewest state partitions of any operator: the most task slots the stateful stages can use. "
+        "None when an operator's could not be read.")
+
+
 class MetricWindow(Contract):
     """All reports of one job in one loop interval of metric time. Topic `autoscaler.windows`."""
 
@@ -170,6 +212,9 @@ class MetricWindow(Contract):
     worker_loads: list[WorkerWindow] = Field(
         default_factory=list, description="Per worker, when the reports say how busy it was."
     )
+    state: StateWindow | None = Field(None, description="None: no report in the window carried stateful operators.")
+    watermark_lag_s: NonNegativeFloat | None = Field(None, description="The last report's watermark lag.")
+    output_lag_s: NonNegativeFloat | None = Field(None, description="The last report's output event-time lag.")
     closed_at: float = Field(default_factory=time.time, description="Wall time the window was closed.")
     first_report_at: float | None = Field(
         None, description="Metric time the first report at the window's parallelism began (a restarted job's "
