@@ -2,16 +2,21 @@
 
 The reporter shell (pipeline.reporter) feeds these with StreamingQueryProgress events and the
 driver's REST stage list, and publishes what `IntervalAggregator.report` returns.
+
+A stateful query's progress also gives its state (`stateOperators`: rows, memory, commit time and
+state partitions per operator) and its event-time watermark (`eventTime.watermark`); a report
+carries the state at the interval's end and how far the watermark lags behind the interval's end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from contracts.messages import MetricReport, SourceMetrics
+from contracts.messages import MetricReport, SourceMetrics, StateOperatorMetrics
 from pipeline import offsets as off
 
 
@@ -76,6 +81,25 @@ class StageTracker:
         return total
 
 
+# The contract's bounds: at most this many stateful operators per report, lags of at most a year.
+MAX_STATE_OPERATORS = 64
+MAX_LAG_S = 31_536_000.0
+_MAX_NAME = 128
+_MAX_STATE_PARTITIONS = 1_000_000
+
+
+@dataclass(frozen=True)
+class StateSample:
+    """One entry of a progress's `stateOperators`: the operator's state after the batch, and the
+    milliseconds the batch spent committing it. `partitions` None: they could not be read."""
+
+    operator: str
+    rows: int
+    memory_bytes: int
+    commit_time_s: float
+    partitions: int | None
+
+
 @dataclass(frozen=True)
 class ProgressSample:
     """The parts of one StreamingQueryProgress the reporter uses (of the first source)."""
@@ -86,6 +110,8 @@ class ProgressSample:
     sink_rows: int | None  # None: the sink does not count its rows (e.g. foreachBatch)
     processed: off.OffsetMap  # end offsets of the batch
     log_end: off.OffsetMap  # log-end offsets the source reported
+    state: tuple[StateSample, ...] = ()  # the stateful operators, in the progress's order
+    watermark: float | None = None  # epoch s; None: no watermark (yet)
 
     @property
     def end(self) -> float:
@@ -95,6 +121,77 @@ class ProgressSample:
 def parse_spark_timestamp(text: str) -> float:
     """Progress timestamps look like 2024-05-01T12:00:00.123Z."""
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _field(item: Any, name: str) -> Any:
+    """A field of a progress part, whether its JSON dict or pyspark's object."""
+    if isinstance(item, Mapping):
+        return item.get(name)
+    return getattr(item, name, None)
+
+
+def _count(value: Any) -> int:
+    """A non-negative count from a progress field; 0 when it is missing or not a number."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+    return max(0, number)
+
+
+def _state_partitions(value: Any) -> int | None:
+    """A state operator's partitions, None when they cannot be read (missing, not a whole number,
+    below 1 or beyond the contract's bound)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    number = int(value)
+    return number if number == value and 1 <= number <= _MAX_STATE_PARTITIONS else None
+
+
+def _seconds_from_ms(value: Any) -> float:
+    """Milliseconds as seconds; 0 when missing, negative or not a finite number."""
+    try:
+        ms = float(value or 0)
+    except (TypeError, ValueError, OverflowError):
+        return 0.0
+    return ms / 1000.0 if math.isfinite(ms) and ms > 0 else 0.0
+
+
+def state_from_progress(operators: Any) -> tuple[StateSample, ...]:
+    """The progress's `stateOperators` (JSON dicts or pyspark objects) as StateSamples. A field that
+    cannot be read is 0, or None for the partitions; the first MAX_STATE_OPERATORS are kept."""
+    if not isinstance(operators, list | tuple):
+        return ()
+    return tuple(
+        StateSample(
+            operator=str(_field(op, "operatorName") or "state")[:_MAX_NAME],
+            rows=_count(_field(op, "numRowsTotal")),
+            memory_bytes=_count(_field(op, "memoryUsedBytes")),
+            commit_time_s=_seconds_from_ms(_field(op, "commitTimeMs")),
+            partitions=_state_partitions(_field(op, "numShufflePartitions")),
+        )
+        for op in operators[:MAX_STATE_OPERATORS] if op is not None
+    )
+
+
+def watermark_from_progress(event_time: Any) -> float | None:
+    """The progress's `eventTime.watermark` in epoch seconds; None without one. Before the query
+    has seen any event Spark reports the watermark as epoch 0: that is no watermark yet."""
+    text = _field(event_time, "watermark") if event_time is not None else None
+    if not text:
+        return None
+    try:
+        watermark = parse_spark_timestamp(str(text))
+    except ValueError:
+        return None
+    return watermark if watermark > 0 else None
+
+
+def lag(end: float, event_time: float | None) -> float | None:
+    """`end` minus an event time, in [0, MAX_LAG_S]; None without an event time."""
+    if event_time is None:
+        return None
+    return min(MAX_LAG_S, max(0.0, end - event_time))
 
 
 def sample_from_progress(progress: Mapping[str, Any] | Any) -> ProgressSample:
@@ -121,6 +218,8 @@ def sample_from_progress(progress: Mapping[str, Any] | Any) -> ProgressSample:
         sink_rows=sink_rows,
         processed=off.parse_progress_offsets(source_field("endOffset")),
         log_end=off.parse_progress_offsets(source_field("latestOffset")),
+        state=state_from_progress(get("stateOperators")),
+        watermark=watermark_from_progress(get("eventTime")),
     )
 
 
@@ -142,6 +241,11 @@ class IntervalAggregator:
     Arrival rate: growth of the log-end offsets between the last sample of the previous report and
     the last sample of this one, over the time between those samples' triggers. Backlog: see
     `backlog_at_end`.
+
+    State: the last sample's stateful operators, each with its commit time summed over the
+    interval's samples (matched by position and name). Watermark lag: the interval's end minus the
+    last sample's watermark. Output lag: the interval's end minus the newest event time the job's
+    sink wrote (`report`'s `newest_output_event_time`). Both lags lie in [0, MAX_LAG_S].
     """
 
     job_id: str
@@ -156,6 +260,7 @@ class IntervalAggregator:
     _baseline: ProgressSample | None = field(default=None, init=False)
     _last: ProgressSample | None = field(default=None, init=False)
     _samples: int = field(default=0, init=False)
+    _commit_s: dict[tuple[int, str], float] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self._interval_start = self.started_at
@@ -177,6 +282,10 @@ class IntervalAggregator:
             self._sink_rows = None if sample.sink_rows is None else self._sink_rows + sample.sink_rows
         if self._baseline is None and sample.log_end:
             self._baseline = sample
+        for i, op in enumerate(sample.state):
+            if op.commit_time_s:
+                key = (i, op.operator)
+                self._commit_s[key] = self._commit_s.get(key, 0.0) + op.commit_time_s
         self._last = sample
         self._samples += 1
 
@@ -197,8 +306,13 @@ class IntervalAggregator:
         parallelism: int,
         stages: StageTotals,
         job_output: int | None = None,
+        newest_output_event_time: float | None = None,
     ) -> MetricReport | None:
-        """Close the interval; None when no progress arrived since the last report."""
+        """Close the interval; None when no progress arrived since the last report.
+
+        A state operator with more partitions than `shuffle_partitions` was started with another
+        setting, which its checkpoint keeps: Spark runs its stage with the checkpoint's, so that
+        count is reported as the shuffle partitions."""
         if self._last is None or self._samples == 0:
             return None
         # The interval ends with the last batch it covers, not when the listener got around to it.
@@ -219,6 +333,14 @@ class IntervalAggregator:
                 partitions=max(1, len(self._last.log_end)),
                 splittable=self.splittable,
             )
+        state = [
+            StateOperatorMetrics(operator=op.operator, rows=op.rows, memory_bytes=op.memory_bytes,
+                                 commit_time_s=self._commit_s.get((i, op.operator), 0.0), partitions=op.partitions)
+            for i, op in enumerate(self._last.state)
+        ]
+        shuffle = self.shuffle_partitions
+        if shuffle is not None:
+            shuffle = max([shuffle, *(op.partitions for op in state if op.partitions is not None)])
         report = build_metric_report(
             job_id=self.job_id,
             end=end,
@@ -231,7 +353,10 @@ class IntervalAggregator:
             source=source,
             batches=self._batches,
             batch_time_s=self._batch_time_s,
-            shuffle_partitions=self.shuffle_partitions,
+            shuffle_partitions=shuffle,
+            state=state,
+            watermark_lag_s=lag(end, self._last.watermark),
+            output_lag_s=lag(end, newest_output_event_time),
         )
         self._interval_start = end
         self._records_in = 0
@@ -239,6 +364,7 @@ class IntervalAggregator:
         self._batch_time_s = 0.0
         self._sink_rows = 0
         self._samples = 0
+        self._commit_s = {}
         if self._last.log_end:
             self._baseline = self._last
         return report
@@ -259,6 +385,9 @@ def build_metric_report(
     batches: int | None = None,
     batch_time_s: float | None = None,
     shuffle_partitions: int | None = None,
+    state: Sequence[StateOperatorMetrics] = (),
+    watermark_lag_s: float | None = None,
+    output_lag_s: float | None = None,
 ) -> MetricReport:
     """A MetricReport from plain numbers; CPU utilisation is CPU time over the slots' time."""
     interval_s = min(max(interval_s, 1e-3), 3600.0)
@@ -279,4 +408,7 @@ def build_metric_report(
         batches=None if batches is None else max(0, batches),
         batch_time_s=None if batches is None else min(86_400.0, max(0.0, batch_time_s or 0.0)),
         shuffle_partitions=shuffle_partitions,
+        state=list(state),
+        watermark_lag_s=watermark_lag_s,
+        output_lag_s=output_lag_s,
     )

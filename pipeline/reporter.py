@@ -15,7 +15,12 @@ A StreamingQueryListener turns progress events into one report per `min_interval
                 Python workers (UDFs, the Python Kafka source) is not in it;
   source        log-end growth per second (arrival rate), log end minus processed end plus what
                 arrived while the last batch ran (backlog), and the partition count, from the
-                source's offsets in the progress.
+                source's offsets in the progress;
+  state         per stateful operator (the progress's stateOperators) its rows and memory at the
+                interval's end, its commit time over the interval and its state partitions;
+  watermark_lag_s  the interval's end minus the query's event-time watermark;
+  output_lag_s  the interval's end minus the newest event time the job wrote (`OutputCounter.add`'s
+                `newest_event_time`), when the job gives it.
 Reporting runs on its own thread and never raises into Spark: a failure is logged and skipped.
 """
 
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import queue
 import threading
 import time
@@ -56,17 +62,30 @@ class _Idle:
 
 
 class OutputCounter:
-    """Records the job's sink wrote; the job adds, the reporter takes the sum per interval."""
+    """Records the job's sink wrote; the job adds, the reporter takes the sum per interval.
+
+    A job that knows the event times of what it wrote passes the newest with each add; the reporter
+    reports the output's event-time lag from the newest of all (`newest_event_time`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._count = 0
         self._used = False
+        self._newest: float | None = None
 
-    def add(self, records: int) -> None:
+    def add(self, records: int, newest_event_time: float | None = None) -> None:
+        """Count `records` written; `newest_event_time` (epoch s): the newest event time among them."""
         with self._lock:
             self._count += records
             self._used = True
+            if newest_event_time is not None and math.isfinite(newest_event_time) and (
+                    self._newest is None or newest_event_time > self._newest):
+                self._newest = float(newest_event_time)
+
+    def newest_event_time(self) -> float | None:
+        """The newest event time the job's sink wrote so far; None until the job gave one."""
+        with self._lock:
+            return self._newest
 
     def take(self) -> int | None:
         """The count since the last take, or None if the job never counted."""
@@ -220,7 +239,8 @@ class MetricsReporter(StreamingQueryListener):
         elif not self._aggregator.due(time.time(), self.min_interval_s):
             return
         try:
-            report = self._aggregator.report(self.parallelism, self._stage_totals(), self._job_output())
+            newest = self.output_counter.newest_event_time() if self.output_counter is not None else None
+            report = self._aggregator.report(self.parallelism, self._stage_totals(), self._job_output(), newest)
             if report is None:
                 return
             self._producer.produce(self.topic, key=self.job_id.encode(), value=report.to_bytes())
