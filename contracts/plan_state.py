@@ -69,11 +69,19 @@ def expected_restart_time(recent_downtimes: Sequence[float], default_s: float, c
     return min(max(recent), cap_s) if recent else min(default_s, cap_s)
 
 
+# Measured restarts with a known state size a restart-time slope needs, at two sizes at least.
+STATE_FIT_MIN = 3
+
+
 class Downtimes(_Part):
-    """Measured restarts (seconds) per direction, oldest first, at most `DOWNTIMES_KEPT` each."""
+    """Measured restarts (seconds) per direction, oldest first, at most `DOWNTIMES_KEPT` each; beside
+    each, the rows in the job's state when it restarted (`up_state`, `down_state`, aligned with the
+    restarts from the newest; None where unknown: a stateless job, or one measured before sizes were kept)."""
 
     up: list[float] = Field(default_factory=list)
     down: list[float] = Field(default_factory=list)
+    up_state: list[int | None] = Field(default_factory=list)
+    down_state: list[int | None] = Field(default_factory=list)
 
     def expected(self, direction: Direction, default_s: float, cap_s: float = math.inf,
                  recent: int = 5) -> float:
@@ -112,10 +120,52 @@ class Downtimes(_Part):
         """The measured restarts in `direction`, oldest first."""
         return self.up if Direction.parse(direction) is Direction.UP else self.down
 
-    def add(self, direction: Direction, downtime_s: float) -> Downtimes:
+    def state_rows(self, direction: Direction) -> list[int | None]:
+        """The state's rows at each of `measured(direction)`, None where unknown."""
+        direction = Direction.parse(direction)
+        measured = self.measured(direction)
+        sizes = (self.up_state if direction is Direction.UP else self.down_state)[-len(measured):] if measured else []
+        return [None] * (len(measured) - len(sizes)) + list(sizes)
+
+    def add(self, direction: Direction, downtime_s: float, state_rows: int | None = None) -> Downtimes:
         direction = Direction.parse(direction)
         kept = [*self.measured(direction), float(downtime_s)][-DOWNTIMES_KEPT:]
-        return self.model_copy(update={direction.value: kept})
+        sizes = [*self.state_rows(direction), state_rows][-DOWNTIMES_KEPT:]
+        return self.model_copy(update={direction.value: kept, f"{direction.value}_state": sizes})
+
+    def state_slope(self) -> float:
+        """Seconds a restart takes per row of state, fitted on the measured restarts whose state size is
+        known (a scale-in's seconds counted as a scale-out's, over DOWN_TO_UP): the Theil-Sen slope, the
+        median of the pairwise slopes, robust to a slow outlier; never below 0. 0 until `STATE_FIT_MIN`
+        such restarts at two sizes at least. Restart time grows with the state a restart reloads
+        (issue: stateful jobs; Spark's state store loads each partition's state from the checkpoint)."""
+        points = [(float(rows), seconds if direction is Direction.UP else seconds / DOWN_TO_UP)
+                  for direction in Direction
+                  for seconds, rows in zip(self.measured(direction), self.state_rows(direction), strict=True)
+                  if rows is not None and math.isfinite(seconds) and seconds >= 0]
+        if len(points) < STATE_FIT_MIN or len({x for x, _ in points}) < 2:
+            return 0.0
+        slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1:]
+                  if x2 != x1]
+        return max(0.0, statistics.median(slopes))
+
+    def at_state(self, rows: int | None) -> Downtimes:
+        """These restarts as if each had reloaded `rows` rows of state: each measured one whose state
+        size is known moves by `state_slope()` x the difference (a scale-in's by DOWN_TO_UP of it); the
+        rest, and all of them when `rows` is None or no slope is fitted yet, stay as measured. Every
+        estimate above (`expected`, `typical`, `restart_time`) on the result is then one for a restart
+        at the job's state size now."""
+        slope = self.state_slope() if rows is not None else 0.0
+        if slope <= 0.0:
+            return self
+        assert rows is not None
+
+        def moved(direction: Direction) -> list[float]:
+            scale = 1.0 if direction is Direction.UP else DOWN_TO_UP
+            return [max(0.0, seconds + slope * scale * (rows - size)) if size is not None else seconds
+                    for seconds, size in zip(self.measured(direction), self.state_rows(direction), strict=True)]
+
+        return self.model_copy(update={"up": moved(Direction.UP), "down": moved(Direction.DOWN)})
 
 
 class RateSample(_Part):
@@ -176,6 +226,8 @@ class PlanState(BaseModel):
     pending_recovery: PendingRecovery | None = None
     rescale_decided_at: float | None = Field(None, description="Metric time of plan's own last rescale decision.")
     quota_bound: bool = False
+    state_rows: int | None = Field(None, description="Rows in the job's state in the last window analysed; "
+                                   "execute pairs it with a restart's downtime (`Downtimes.state_slope`).")
     needs_forecast: bool | None = Field(
         None, description="Whether the job's policy plans with an arrival-rate forecast; None until plan says.")
     policy_state: dict[str, Any] = Field(
@@ -183,6 +235,12 @@ class PlanState(BaseModel):
         "that policy validates with its own model.")
     # Not stored: the plan shell sets it from execute's lock before each window.
     rescaling: bool = Field(False, exclude=True)
+
+    @property
+    def restarts(self) -> Downtimes:
+        """The measured restarts as expected at the job's state size now (`Downtimes.at_state`): what
+        every planner plans a restart with."""
+        return self.downtimes.at_state(self.state_rows)
 
     # ---------------------------------------------------------------- updates
 
@@ -204,7 +262,7 @@ class PlanState(BaseModel):
             return self
         downtimes = self.downtimes
         if downtime_s is not None and direction is not None:
-            downtimes = downtimes.add(direction, downtime_s)
+            downtimes = downtimes.add(direction, downtime_s, self.state_rows)
         return self.model_copy(update={
             "parallelism": running, "expected_parallelism": running, "stale_budget": STALE_WINDOW_BUDGET,
             "last_rescale_at": completed_at, "downtimes": downtimes,

@@ -57,12 +57,16 @@ def align(current: int, to: int, units: int, lower: int, upper: int) -> int:
 
 def partition_units(analysis: Analysis) -> list[tuple[str, int]]:
     """What must spread evenly over the slots: the source partitions when the source cannot split
-    them, and the shuffle partitions of the job's exchanges."""
+    them, the shuffle partitions of the job's exchanges, and a stateful query's state partitions
+    (fixed at its first start) when the shuffle partitions are not reported as the same."""
     units: list[tuple[str, int]] = []
     if analysis.partitions and not analysis.splittable:
         units.append(("source partitions", analysis.partitions))
     if analysis.shuffle_partitions:
         units.append(("shuffle partitions", analysis.shuffle_partitions))
+    state = analysis.state.partitions if analysis.state is not None else None
+    if state and state != analysis.shuffle_partitions:
+        units.append(("state partitions", state))
     return units
 
 

@@ -90,7 +90,7 @@ def guarded_plan(
         return replace(early, notices=notices), updates
     state = state.updated(updates)
 
-    restart = state.downtimes.restart_time(config.restart_time_s, config.restart_time_cap_s)
+    restart = state.restarts.restart_time(config.restart_time_s, config.restart_time_cap_s)
     restart = config.restart_time_s if restart is None else min(restart, config.restart_time_cap_s)
     rates = smoothed(analysis, recent)
     plan = replace(policy.core(rates, config, state, restart), notices=notices)
@@ -155,7 +155,7 @@ def _with_predicted_recovery(
     planned = plan.reason.numbers.get("predicted_recovery_s")
     capacity_of = policy.capacity_of(rates, config) if rates.capacity is not None else \
         GuardedPolicy.capacity_of(policy, rates, config)
-    predicted = predicted_recovery_s(rates, config, plan.to_parallelism, state.downtimes, capacity_of)
+    predicted = predicted_recovery_s(rates, config, plan.to_parallelism, state.restarts, capacity_of)
     if predicted is None and plan.reason.numbers.get("chosen") == plan.to_parallelism:
         predicted = planned
     numbers = {**plan.reason.numbers, "predicted_recovery_s": predicted}

@@ -14,7 +14,10 @@ time; the state's `rescaling`, which the plan agent sets from execute's lock). T
 policy, chosen by its registry name, decides. A recovery the analysis reports after a rescale this
 autoscaler executed (`plan.proactive.after_executed_rescale`) is attached as a `recovered` notice,
 beside the prediction made when the rescale was decided; after a parallelism change it did not make
-(recommend mode, an operator's restart) there is none. The slot quota is
+(recommend mode, an operator's restart) there is none. After every policy, a stateful query's state
+partitions cap a scale-up (`plan.stateful.StatePartitionCap`) and a rescale's reason states the
+state and the event-time lag (`plan.stateful.with_state_note`); the state's rows are kept in the plan
+state, so that restarts are planned at the state's size (`PlanState.restarts`). The slot quota is
 the plan agent's (it reserves slots atomically across jobs); the `SlotQuota` gate
 (`plan.gates.with_quota`) applies its grant.
 """
@@ -27,10 +30,11 @@ from contracts.analyses import Analysis
 from contracts.decisions import Action, ScalingDecision
 from contracts.jobs import JobConfig, Mode
 from contracts.plan_state import PlanState
-from plan.gates import with_quota
+from plan.gates import apply_gates, with_quota
 from plan.policy import Plan, ScalingPolicy, hold
 from plan.proactive import after_executed_rescale, recovery_notice
 from plan.registry import UnknownPolicy, make_policy
+from plan.stateful import StatePartitionCap, with_state_note
 
 STAGE = "plan"
 
@@ -103,6 +107,8 @@ def decide(
 ) -> tuple[PlanState, Plan]:
     """The plan for one window and the state to keep. `policy` defaults to the job's (`config.policy`)."""
     current = analysis.parallelism
+    if analysis.state is not None and state.state_rows != analysis.state.rows:
+        state = state.updated({"state_rows": analysis.state.rows})  # restarts are planned at this size
     if config.mode is Mode.OFF:
         return state, hold(current, "mode_off", "autoscaling is off for this job", rule="mode")
     if state.rescaling:
@@ -113,6 +119,8 @@ def decide(
         except UnknownPolicy as exc:
             return state, hold(current, "unknown_policy", str(exc), rule="policy")
     new, plan = policy.decide(state, analysis, config)
+    capped = apply_gates((StatePartitionCap(),), plan, new, analysis, config)
+    plan = with_state_note(capped.plan or plan, analysis)
     if new.needs_forecast != policy.needs_forecast:
         new = new.updated({"needs_forecast": policy.needs_forecast})
     if analysis.recovery is not None:

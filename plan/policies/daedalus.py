@@ -38,7 +38,7 @@ class DaedalusPolicy(GuardedPolicy):
         # Metric time of plan's own last rescale decision: execute's `last_rescale_at` is wall time.
         last = state.rescale_decided_at
         since = None if last is None else rates.window_end - float(last)
-        plan, why_not = plan_proactive(rates, config, state.downtimes, since, self.capacity(rates), self.name)
+        plan, why_not = plan_proactive(rates, config, state.restarts, since, self.capacity(rates), self.name)
         if plan is not None:
             return plan
         fallback = plan_ds2(rates, config, restart_time_s=restart_time_s)

@@ -224,8 +224,8 @@ class CostPlanner:
         capacity = capacities(memory.known, config.max_parallelism, noise, self.capacity_z if quantiles else 0.0,
                               {p: c / efficiency for p, c in planned.items()}, config.planned_capacity_error)
         capacity = in_waves(capacity * efficiency, [count for _, count in partition_units(analysis)])
-        up, down = downtimes_expected(state.downtimes, config)
-        costs = planned_costs(backend_in_use(config.scaling_backend, state.backend)[0], state.downtimes, up, down,
+        up, down = downtimes_expected(state.restarts, config)
+        costs = planned_costs(backend_in_use(config.scaling_backend, state.backend)[0], state.restarts, up, down,
                               (analysis.arrival_rate or 0.0) * config.checkpoint_interval_s / 2)
         return PlanProblem(
             parallelism=analysis.parallelism, backlog=float(analysis.backlog or 0), rates=rates, step_s=self.step_s,
@@ -281,7 +281,7 @@ class CostPlanner:
         top = expected.max_parallelism
         numbers["expected_capacity_at_target"] = round(float(expected.capacity[min(to, top)]), 2)
         numbers["predicted_recovery_s"] = predicted_recovery_s(
-            analysis, config, to, state.downtimes, lambda p: float(expected.capacity[min(p, top)]),
+            analysis, config, to, state.restarts, lambda p: float(expected.capacity[min(p, top)]),
             rates=self.expected_rates(memory, analysis, expected))
         changes = rescale_updates(current, to, analysis.window_end, numbers["predicted_recovery_s"], config)
         reason = DecisionReason(code="cost_plan", rule=self.name, message=message, numbers=numbers)

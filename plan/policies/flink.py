@@ -209,7 +209,7 @@ class FlinkPolicy:
     # ---------------------------------------------------------------- the rules
 
     def expected_restart_time_s(self, state: PlanState) -> float:
-        measured = [*state.downtimes.up[-RESTART_SAMPLES:], *state.downtimes.down[-RESTART_SAMPLES:]]
+        measured = [*state.restarts.up[-RESTART_SAMPLES:], *state.restarts.down[-RESTART_SAMPLES:]]
         if self.track_restart_time and measured:
             return min(max(measured), self.restart_time_limit_s)
         return self.restart_time_s
