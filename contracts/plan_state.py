@@ -135,34 +135,36 @@ class Downtimes(_Part):
 
     def state_slope(self) -> float:
         """Seconds a restart takes per row of state, fitted on the measured restarts whose state size is
-        known (a scale-in's seconds counted as a scale-out's, over DOWN_TO_UP): the Theil-Sen slope, the
-        median of the pairwise slopes, robust to a slow outlier; never below 0. 0 until `STATE_FIT_MIN`
-        such restarts at two sizes at least. Restart time grows with the state a restart reloads
-        (issue: stateful jobs; Spark's state store loads each partition's state from the checkpoint)."""
-        points = [(float(rows), seconds if direction is Direction.UP else seconds / DOWN_TO_UP)
-                  for direction in Direction
-                  for seconds, rows in zip(self.measured(direction), self.state_rows(direction), strict=True)
-                  if rows is not None and math.isfinite(seconds) and seconds >= 0]
-        if len(points) < STATE_FIT_MIN or len({x for x, _ in points}) < 2:
+        known: the Theil-Sen slope, the median of the slopes between pairs of restarts in the same
+        direction (each direction keeps its own base time; reloading a row costs the same either way),
+        robust to a slow outlier; never below 0. 0 until `STATE_FIT_MIN` such restarts and a pair at two
+        sizes. Restart time grows with the state a restart reloads (Spark's state store loads each
+        partition's state from the checkpoint)."""
+        slopes: list[float] = []
+        known = 0
+        for direction in Direction:
+            points = [(float(rows), seconds)
+                      for seconds, rows in zip(self.measured(direction), self.state_rows(direction), strict=True)
+                      if rows is not None and math.isfinite(seconds) and seconds >= 0]
+            known += len(points)
+            slopes += [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1:]
+                       if x2 != x1]
+        if known < STATE_FIT_MIN or not slopes:
             return 0.0
-        slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1:]
-                  if x2 != x1]
         return max(0.0, statistics.median(slopes))
 
     def at_state(self, rows: int | None) -> Downtimes:
         """These restarts as if each had reloaded `rows` rows of state: each measured one whose state
-        size is known moves by `state_slope()` x the difference (a scale-in's by DOWN_TO_UP of it); the
-        rest, and all of them when `rows` is None or no slope is fitted yet, stay as measured. Every
-        estimate above (`expected`, `typical`, `restart_time`) on the result is then one for a restart
-        at the job's state size now."""
+        size is known moves by `state_slope()` x the difference; the rest, and all of them when `rows` is
+        None or no slope is fitted yet, stay as measured. Every estimate above (`expected`, `typical`,
+        `restart_time`) on the result is then one for a restart at the job's state size now."""
         slope = self.state_slope() if rows is not None else 0.0
         if slope <= 0.0:
             return self
         assert rows is not None
 
         def moved(direction: Direction) -> list[float]:
-            scale = 1.0 if direction is Direction.UP else DOWN_TO_UP
-            return [max(0.0, seconds + slope * scale * (rows - size)) if size is not None else seconds
+            return [max(0.0, seconds + slope * (rows - size)) if size is not None else seconds
                     for seconds, size in zip(self.measured(direction), self.state_rows(direction), strict=True)]
 
         return self.model_copy(update={"up": moved(Direction.UP), "down": moved(Direction.DOWN)})

@@ -24,6 +24,13 @@ restarted: a scale-up runs at the old capacity for `ramp_up_s` (until the new ex
 the new ones are paid from the decision on), a scale-down stops processing for `hold_down_s` (the
 query held between two batches), and nothing is replayed.
 
+A stateful job (`state_partitions`: a windowed aggregation, a deduplication, a join in Spark) keeps
+its state in that many partitions, fixed at its first start: slots beyond them run no stateful task,
+and slots that do not divide them run the stateful stages in ceil(partitions / p) waves, so p slots
+work as partitions / ceil(partitions / p) busy ones. Its state holds `state_retention_s` of arrivals
+(the window and the watermark's delay), and a restart reloads it: `restart_s_per_million_rows` more
+per million rows.
+
 The model produces the public `MetricReport`s the Spark reporter would send (`reports`), so the
 project's own monitor, analyze and plan code can be driven by it (see `evaluation.suite`).
 """
@@ -34,7 +41,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from contracts.messages import MetricReport, OperatorMetrics, SourceMetrics
+from contracts.messages import MetricReport, OperatorMetrics, SourceMetrics, StateOperatorMetrics
 
 EPOCH = 1_700_000_000.0  # metric time of simulated second 0 (window-aligned)
 
@@ -98,8 +105,18 @@ class JobModel:
     # A processing-time trigger starts a micro-batch at most every trigger_interval_s (0: back to back):
     # a job with little to do runs fewer batches, so fewer task costs, than one without a trigger.
     trigger_interval_s: float = 0.0
+    # A stateful job: its state partitions (None: stateless), the seconds of arrivals its state holds,
+    # the restart's extra seconds per million rows of state, and a row's size in memory.
+    state_partitions: int | None = None
+    state_retention_s: float = 0.0
+    restart_s_per_million_rows: float = 0.0
+    state_row_bytes: int = 200
 
     def __post_init__(self) -> None:
+        if self.state_partitions is not None and self.state_partitions < 1:
+            raise ValueError("state partitions must be >= 1")
+        if min(self.state_retention_s, self.restart_s_per_million_rows, self.state_row_bytes) < 0:
+            raise ValueError("the state's retention, its restart cost and its row size must be >= 0")
         if not self.operators:
             raise ValueError("a job needs at least one operator")
         if self.batch_overhead_s < 0 or self.batch_work_s <= 0:
@@ -136,10 +153,21 @@ class JobModel:
             q = self.usable(p)
             skew = max(op.skew for op in self.operators)
             share = 1.0 if q <= 1 else min(1.0, (1.0 + skew) / q)
-            return self.batch_efficiency / (self.slot_seconds_per_record(p) * share)
+            return self.batch_efficiency * self.in_waves(q) / (self.slot_seconds_per_record(p) * share)
         ps = [parallelism] * len(self.operators) if isinstance(parallelism, int) else list(parallelism)
         return min(op.capacity(self.usable(p)) / r
                    for op, p, r in zip(self.operators, ps, self.reaching(), strict=True))
+
+    def in_waves(self, q: int) -> float:
+        """The share of q slots a stateful job keeps busy: its state partitions run in ceil(T / q) waves."""
+        if self.state_partitions is None:
+            return 1.0
+        t = self.state_partitions
+        return t / math.ceil(t / q) / q
+
+    def state_rows(self, arrival_rate: float) -> float:
+        """Rows in state at a steady arrival rate (0 for a stateless job)."""
+        return arrival_rate * self.state_retention_s if self.state_partitions is not None else 0.0
 
     @property
     def batch_efficiency(self) -> float:
@@ -172,6 +200,7 @@ class JobState:
     ramp_until: float = -math.inf  # an in-place scale-up runs at `ramp_from`'s capacity until then
     ramp_from: int = 0
     last_rate: float = 0.0  # processing rate of the last window (records/s), for the replay
+    state_rows: float = 0.0  # rows in a stateful job's state
     # Accounting over the run.
     slot_seconds: float = 0.0
     busy_slot_seconds: float = 0.0
@@ -201,6 +230,7 @@ def rescale(model: JobModel, state: JobState, to: int | Sequence[int], at: float
     downtime = model.downtime(state.job_parallelism, max(new))
     ramp = model.ramp(state.job_parallelism, max(new))
     if not model.in_place:
+        downtime += model.restart_s_per_million_rows * state.state_rows / 1e6  # the state reloaded
         # Micro-batches since the last checkpoint are processed again after the restart.
         since_checkpoint = at % model.checkpoint_interval_s if model.checkpoint_interval_s > 0 else 0.0
         replay = state.last_rate * since_checkpoint
@@ -249,6 +279,7 @@ def advance(model: JobModel, state: JobState, start: float, length_s: float, arr
     state.busy_slot_seconds += busy
     state.processed += processed
     state.arrived += arrivals
+    state.state_rows = model.state_rows(arrival_rate)
     if running > 0:
         state.last_rate = processed / running
     return WindowOutcome(processed, running, capacity, busy, batches, batch_time)
@@ -313,4 +344,7 @@ def report(model: JobModel, state: JobState, job_id: str, end: float, outcome: W
         source=SourceMetrics(arrival_rate=arrival_rate, backlog=round(state.backlog), partitions=model.partitions,
                              splittable=model.splittable),
         operators=operators,
+        state=[] if model.state_partitions is None else [StateOperatorMetrics(
+            operator="stateStoreSave", rows=round(state.state_rows),
+            memory_bytes=round(state.state_rows * model.state_row_bytes), partitions=model.state_partitions)],
     )

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from contracts.analyses import Analysis
 from contracts.decisions import Action
 from contracts.jobs import JobConfig
-from contracts.plan_state import DOWN_TO_UP, Downtimes, PlanState
+from contracts.plan_state import Downtimes, PlanState
 from plan.controls import partition_units
 from plan.kernel import finish, plan
 from plan.policies.threshold import ThresholdPolicy
@@ -123,11 +123,14 @@ def test_the_restart_slope_is_fitted_robustly_and_moves_restarts_to_the_state_si
     d = Downtimes()
     for rows, seconds in [(0, 10.0), (1_000_000, 20.0), (2_000_000, 30.0), (3_000_000, 80.0)]:
         d = d.add("up", seconds, rows)
-    d = d.add("down", 0.5 * 25.0, 1_500_000)  # a scale-in's restart counts double as a scale-out's
-    assert d.state_slope() == pytest.approx(1e-5)  # Theil-Sen: the 80-s outlier does not pull it
+    d = d.add("down", 5.0, 0).add("down", 35.0, 1_000_000)  # its own base, a steeper slope
+    # Theil-Sen over the pairs within each direction: up 1e-5 (x3), 2.33e-5, 3e-5, 5e-5; down 3e-5.
+    slope = d.state_slope()
+    assert slope == pytest.approx(70.0 / 3e6)  # the median: the 80-s outlier's pairs do not pull it far
     at = d.at_state(4_000_000)
-    assert at.up[:3] == pytest.approx([50.0, 50.0, 50.0])
-    assert at.down == pytest.approx([0.5 * (25.0 + 25.0)])
+    measured = [(10.0, 0), (20.0, 1e6), (30.0, 2e6), (80.0, 3e6)]
+    assert at.up == pytest.approx([s + slope * (4e6 - r) for s, r in measured])
+    assert at.down == pytest.approx([5.0 + slope * 4e6, 35.0 + slope * 3e6])
     assert at.typical("up", 30.0) > d.typical("up", 30.0)
     assert d.at_state(None) == d
 
