@@ -68,7 +68,8 @@ def invalid_reason(window: MetricWindow) -> str | None:
 
 def analyze_window(window: MetricWindow, fallback: dict[str, Any] | None = None) -> Analysis:
     """True rates of one window. An idle window (no records) borrows the last valid true rates,
-    so that an idle job can still be scaled in; a window spanning a rescale stays invalid."""
+    so that an idle job can still be scaled in; a window spanning a rescale stays invalid. The
+    window's state and event-time lags are copied, whether its rates are valid or not."""
     reason = invalid_reason(window)
     source = window.source
     common: dict[str, Any] = {
@@ -85,6 +86,9 @@ def analyze_window(window: MetricWindow, fallback: dict[str, Any] | None = None)
         "partitions": source.partitions if source else None,
         "splittable": source.splittable if source else True,
         "shuffle_partitions": window.shuffle_partitions,
+        "state": window.state,
+        "watermark_lag_s": window.watermark_lag_s,
+        "output_lag_s": window.output_lag_s,
         "closed_at": window.closed_at,
     }
     if reason is None:

@@ -5,8 +5,8 @@ the one it was given. Mappings are fresh dicts per value, never mutated after co
 
 The stored form (the knowledge base keeps it as JSON between batches, and another monitor worker
 may read it after a rebalance) is `WindowState.to_dict()`; `WindowState.from_dict` reads it and
-the older forms still found in stores: windows saved before duplicate detection (no "seen") and
-workers folded before report spans were kept (no "spans").
+the older forms still found in stores: windows saved before duplicate detection (no "seen"),
+workers folded before report spans were kept (no "spans") and before state was kept (no "state").
 """
 
 from __future__ import annotations
@@ -87,13 +87,45 @@ class SourceAggregate(_Built):
                    partitions=int(data["partitions"]), splittable=bool(data["splittable"]))
 
 
+# A stateful operator as a worker's state keeps it: (name, rows, memory bytes, state partitions).
+StateEntry = tuple[str, int, int, int | None]
+
+
+@dataclass(frozen=True)
+class StateAggregate(_Built):
+    """A worker's query state in the window: of its latest report (by end time, `at`) that carried
+    state or an event-time lag, the stateful operators and the lags; commit time summed over all
+    its reports in the window."""
+
+    at: float
+    operators: tuple[StateEntry, ...]
+    commit_time: float
+    watermark_lag: float | None
+    output_lag: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "operators": [list(op) for op in self.operators], "commit_time": self.commit_time,
+                "watermark_lag": self.watermark_lag, "output_lag": self.output_lag}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StateAggregate:
+        watermark, output = data.get("watermark_lag"), data.get("output_lag")
+        return cls(at=float(data["at"]),
+                   operators=tuple((str(name), int(rows), int(memory), None if parts is None else int(parts))
+                                   for name, rows, memory, parts in data["operators"]),
+                   commit_time=float(data["commit_time"]),
+                   watermark_lag=None if watermark is None else float(watermark),
+                   output_lag=None if output is None else float(output))
+
+
 @dataclass(frozen=True)
 class WorkerAggregate(_Built):
     """One worker's reports in the window, summed.
 
     `first_begin`/`last_end` bound its reported intervals; `spans` does so per parallelism it
     reported (empty for a worker folded before spans were kept). `batches` and `batch_time` are None
-    until a report carries micro-batches, `shuffle_partitions` and `source` until one reports them."""
+    until a report carries micro-batches, `shuffle_partitions` and `source` until one reports them,
+    `state` until one carries stateful operators or an event-time lag."""
 
     records_in: int
     records_out: int
@@ -112,6 +144,7 @@ class WorkerAggregate(_Built):
     batch_time: float | None = None
     shuffle_partitions: int | None = None
     source: SourceAggregate | None = None
+    state: StateAggregate | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -129,11 +162,14 @@ class WorkerAggregate(_Built):
         data["parallelism_changed"] = self.parallelism_changed
         if self.source is not None:
             data["source"] = self.source.to_dict()
+        if self.state is not None:
+            data["state"] = self.state.to_dict()
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> WorkerAggregate:
         batches, shuffle, source = data.get("batches"), data.get("shuffle_partitions"), data.get("source")
+        state = data.get("state")
         return cls(
             records_in=int(data["records_in"]), records_out=int(data["records_out"]), busy=float(data["busy"]),
             observed=float(data["observed"]), first_begin=float(data["first_begin"]),
@@ -146,6 +182,7 @@ class WorkerAggregate(_Built):
             batch_time=None if batches is None else float(data.get("batch_time") or 0.0),
             shuffle_partitions=None if shuffle is None else int(shuffle),
             source=None if source is None else SourceAggregate.from_dict(source),
+            state=None if state is None else StateAggregate.from_dict(state),
         )
 
 

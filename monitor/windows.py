@@ -10,6 +10,11 @@ Refused reports (the monitor dead-letters them with `reason`):
 - `duplicate_report`: its worker already reported an interval ending at the same timestamp in the
   open window, e.g. a reporter's retry or a replay sent twice. The first one counts; whether the
   second is identical or not, folding it would count that interval twice.
+
+A stateful query's state in a closed window: per worker its latest report's stateful operators,
+summed over the workers (rows, memory), with the commit time of every report summed and the fewest
+state partitions of any operator (None when any operator's could not be read); the event-time lags
+are those of the latest report that carried state or a lag.
 """
 
 from __future__ import annotations
@@ -17,12 +22,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from contracts.messages import MetricReport, MetricWindow, OperatorWindow, SourceWindow, WorkerWindow
+from contracts.messages import MetricReport, MetricWindow, OperatorWindow, SourceWindow, StateWindow, WorkerWindow
 from contracts.window_state import (
     OperatorAggregate,
     SeenKey,
     SeenReports,
     SourceAggregate,
+    StateAggregate,
     WindowState,
     WorkerAggregate,
 )
@@ -136,7 +142,7 @@ def _fold(worker: WorkerAggregate | None, report: MetricReport) -> WorkerAggrega
             "records_in": 0, "records_out": 0, "busy": 0.0, "observed": 0.0, "first_begin": begin, "last_end": end,
             "parallelism_first": parallelism, "parallelism_last": parallelism, "parallelism_changed": False,
             "cpu_weighted": 0.0, "cpu_time": 0.0, "operators": {}, "spans": {}, "batches": None, "batch_time": None,
-            "shuffle_partitions": None, "source": None,
+            "shuffle_partitions": None, "source": None, "state": None,
         })
     batches, batch_time = worker.batches, worker.batch_time
     if report.batches is not None:
@@ -183,6 +189,8 @@ def _fold(worker: WorkerAggregate | None, report: MetricReport) -> WorkerAggrega
         "shuffle_partitions": worker.shuffle_partitions if report.shuffle_partitions is None
         else report.shuffle_partitions,
         "source": worker.source if report.source is None else _fold_source(worker.source, report),
+        "state": _fold_state(worker.state, report) if report.state or report.watermark_lag_s is not None
+        or report.output_lag_s is not None else worker.state,
     })
 
 
@@ -199,6 +207,22 @@ def _fold_source(src: SourceAggregate | None, report: MetricReport) -> SourceAgg
         "last_at": report.timestamp,
         "partitions": metrics.partitions,
         "splittable": (src is None or src.splittable) and metrics.splittable,
+    })
+
+
+def _fold_state(agg: StateAggregate | None, report: MetricReport) -> StateAggregate:
+    """The worker's state with `report` (which carries state or a lag) added: its commit time
+    summed in; its operators and lags kept unless a report ending later is already in."""
+    commit = sum(op.commit_time_s for op in report.state)
+    if agg is not None:
+        commit += agg.commit_time
+        if report.timestamp < agg.at:
+            return StateAggregate.built({"at": agg.at, "operators": agg.operators, "commit_time": commit,
+                                         "watermark_lag": agg.watermark_lag, "output_lag": agg.output_lag})
+    return StateAggregate.built({
+        "at": report.timestamp,
+        "operators": tuple((op.operator, op.rows, op.memory_bytes, op.partitions) for op in report.state),
+        "commit_time": commit, "watermark_lag": report.watermark_lag_s, "output_lag": report.output_lag_s,
     })
 
 
@@ -231,7 +255,28 @@ def close_window(state: WindowState, job_id: str, interval_s: float) -> MetricWi
         operators=_operator_windows(workers, observed),
         worker_loads=_worker_loads(state.workers, last_worker.parallelism_last),
         **_report_times(workers, last_worker.parallelism_last),
+        **_state_fields(workers),
     )
+
+
+def _state_fields(workers: Iterable[WorkerAggregate]) -> dict[str, StateWindow | float | None]:
+    """The window's state, watermark_lag_s and output_lag_s (none of them when no report carried any)."""
+    states = [w.state for w in workers if w.state is not None]
+    if not states:
+        return {}
+    latest = max(states, key=lambda s: s.at)
+    operators = [op for s in states for op in s.operators]
+    window = None
+    if operators:
+        known = [op[3] for op in operators if op[3] is not None]
+        window = StateWindow(
+            operators=max(len(s.operators) for s in states),
+            rows=sum(op[1] for op in operators),
+            memory_bytes=sum(op[2] for op in operators),
+            commit_time_s=sum(s.commit_time for s in states),
+            partitions=min(known) if len(known) == len(operators) else None,
+        )
+    return {"state": window, "watermark_lag_s": latest.watermark_lag, "output_lag_s": latest.output_lag}
 
 
 def _report_times(workers: Iterable[WorkerAggregate], parallelism: int) -> dict[str, float | None]:

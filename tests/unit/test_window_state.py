@@ -17,7 +17,7 @@ from contracts.messages import MetricReport, MetricWindow
 from contracts.settings import Settings
 from contracts.window_state import SeenReports, WindowState
 from knowledge import MemoryKnowledge
-from monitor.windows import RefusedReport, add_report, already_applied, close_window
+from monitor.windows import RefusedReport, add_report, already_applied, close_window, window_start_for
 
 INTERVAL = 10.0
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -69,6 +69,11 @@ def reports(draw: st.DrawFn) -> MetricReport:
                   "busy_time_s": draw(st.floats(0, 5)),
                   "arrival_rate": draw(st.none() | st.floats(0, 500))} for op_id, upstream in OPERATORS[:n_ops]]
     batches = draw(st.none() | st.integers(0, 20))
+    shuffle = draw(st.none() | st.integers(1, 200))
+    state = [{"operator": name, "rows": draw(st.integers(0, 10**6)), "memory_bytes": draw(st.integers(0, 10**9)),
+              "commit_time_s": draw(st.floats(0, 5)),
+              "partitions": draw(st.none() | st.integers(1, shuffle or 200))}
+             for name in draw(st.lists(st.sampled_from(["stateStoreSave", "dedupeWithinWatermark"]), max_size=2))]
     return MetricReport.model_validate({
         "job_id": "job", "timestamp": 1000.0 + draw(st.integers(1, 79)) * 0.5,
         "interval_s": draw(st.sampled_from([0.5, 1.0, 2.5])), "worker_id": draw(st.sampled_from("abc")),
@@ -76,7 +81,8 @@ def reports(draw: st.DrawFn) -> MetricReport:
         "records_out": draw(st.integers(0, 10**6)), "busy_time_s": draw(st.floats(0, 10)),
         "cpu_utilization": draw(st.none() | st.floats(0, 1)), "batches": batches,
         "batch_time_s": None if batches is None else draw(st.floats(0, 5)),
-        "shuffle_partitions": draw(st.none() | st.integers(1, 200)),
+        "shuffle_partitions": shuffle, "state": state,
+        "watermark_lag_s": draw(st.none() | st.floats(0, 600)), "output_lag_s": draw(st.none() | st.floats(0, 600)),
         "source": draw(st.none() | st.fixed_dictionaries({
             "arrival_rate": st.floats(0, 1000), "backlog": st.integers(0, 10**6), "partitions": st.integers(1, 8),
             "splittable": st.booleans()})),
@@ -189,7 +195,82 @@ def test_redelivered_records_are_skipped(items: list[Any], data: st.DataObject) 
     assert again == state and closed == [] and accepted == []
 
 
+def carries_state(report: MetricReport) -> bool:
+    return bool(report.state) or report.watermark_lag_s is not None or report.output_lag_s is not None
+
+
+@FAST
+@given(records)
+def test_a_windows_state_sums_each_workers_latest_state_and_takes_the_fewest_partitions(items: list[Any]) -> None:
+    state, closed, accepted = fold(numbered(items))
+    assert state is not None
+    for window in [*closed, close_window(state, "job", INTERVAL)]:
+        mine = [r for r in accepted if window_start_for(r.timestamp, INTERVAL) == window.window_start
+                and carries_state(r)]
+        latest: dict[str, MetricReport] = {}
+        for report in mine:
+            if report.worker_id not in latest or report.timestamp > latest[report.worker_id].timestamp:
+                latest[report.worker_id] = report
+        operators = [op for report in latest.values() for op in report.state]
+        if not operators:
+            assert window.state is None
+        else:
+            assert window.state is not None
+            assert window.state.rows == sum(op.rows for op in operators)
+            assert window.state.memory_bytes == sum(op.memory_bytes for op in operators)
+            assert window.state.operators == max(len(report.state) for report in latest.values())
+            commit = sum(op.commit_time_s for report in mine for op in report.state)
+            assert window.state.commit_time_s == pytest.approx(commit)
+            known = [op.partitions for op in operators if op.partitions is not None]
+            assert window.state.partitions == (min(known) if len(known) == len(operators) else None)
+        if not latest:
+            assert window.watermark_lag_s is None and window.output_lag_s is None
+            continue
+        last_at = max(report.timestamp for report in latest.values())
+        lags = {(r.watermark_lag_s, r.output_lag_s) for r in latest.values() if r.timestamp == last_at}
+        assert (window.watermark_lag_s, window.output_lag_s) in lags
+
+
 # ---------------------------------------------------------------- the stored form, by example
+
+
+def stateful(timestamp: float, worker: str, rows: int, partitions: int | None, commit: float,
+             watermark_lag: float | None = 4.0) -> MetricReport:
+    return MetricReport.model_validate({
+        "job_id": "job", "timestamp": timestamp, "interval_s": 1.0, "worker_id": worker, "parallelism": 2,
+        "records_in": 10, "records_out": 10, "busy_time_s": 0.5, "shuffle_partitions": 8,
+        "state": [{"operator": "stateStoreSave", "rows": rows, "memory_bytes": rows * 100, "commit_time_s": commit,
+                   "partitions": partitions}],
+        "watermark_lag_s": watermark_lag, "output_lag_s": None if watermark_lag is None else watermark_lag + 1.0,
+    })
+
+
+def test_a_window_with_state_is_stored_with_it_and_one_without_state_without_it() -> None:
+    state, _ = add_report(None, stateful(1001.0, "a", 20, 8, 0.25), INTERVAL, 0, 0)
+    state, _ = add_report(state, stateful(1003.0, "a", 30, 8, 0.5, watermark_lag=6.0), INTERVAL, 0, 1)
+    state, _ = add_report(state, stateful(1002.0, "b", 5, 4, 0.125), INTERVAL, 0, 2)
+    stored = json.loads(json.dumps(state.to_dict()))
+    assert stored["workers"]["a"]["state"] == {"at": 1003.0, "operators": [["stateStoreSave", 30, 3000, 8]],
+                                               "commit_time": 0.75, "watermark_lag": 6.0, "output_lag": 7.0}
+    assert WindowState.from_dict(stored) == state and through_knowledge(state) == state
+    window = close_window(WindowState.from_dict(stored), "job", INTERVAL)
+    assert window.state is not None
+    assert (window.state.operators, window.state.rows, window.state.memory_bytes) == (1, 35, 3500)
+    assert (window.state.commit_time_s, window.state.partitions) == (0.875, 4)
+    assert (window.watermark_lag_s, window.output_lag_s) == (6.0, 7.0)  # worker a's report at 1003 is the latest
+    plain = WindowState.from_dict(json.loads(STORED))
+    assert all("state" not in worker for worker in plain.to_dict()["workers"].values())
+    window = close_window(plain, "job", INTERVAL)
+    assert (window.state, window.watermark_lag_s, window.output_lag_s) == (None, None, None)
+
+
+def test_an_earlier_report_folded_later_adds_its_commit_time_but_not_its_state() -> None:
+    state, _ = add_report(None, stateful(1005.0, "a", 50, None, 0.5, watermark_lag=3.0), INTERVAL, 0, 0)
+    state, _ = add_report(state, stateful(1004.0, "a", 40, 8, 0.25, watermark_lag=9.0), INTERVAL, 0, 1)
+    window = close_window(state, "job", INTERVAL)
+    assert window.state is not None and (window.state.rows, window.state.commit_time_s) == (50, 0.75)
+    assert window.state.partitions is None and window.watermark_lag_s == 3.0  # unreadable partitions stay unknown
+
 
 
 def test_a_window_stored_by_the_previous_version_loads_and_is_stored_the_same() -> None:
