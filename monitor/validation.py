@@ -10,7 +10,7 @@ from contracts.messages import METRIC_REPORT_VERSION, MetricReport
 # Bounds no real job reaches. The contract takes ints of any size and any finite float, but the
 # monitor sums and divides them when it closes a window: 10**400 records or 1e308 busy seconds
 # would overflow (OverflowError, or an inf the window contract refuses) and fail every retry.
-MAX_QUANTITY = 1e15  # records, backlog, partitions, rates, busy seconds
+MAX_QUANTITY = 1e15  # records, backlog, partitions, rates, busy seconds, state rows, bytes and seconds
 MIN_INTERVAL_S = 1e-3  # throughput is divided by the observed time
 MIN_TIMESTAMP = 1.0  # backlog growth is divided by timestamp differences
 
@@ -65,6 +65,9 @@ def _implausible(report: MetricReport) -> str | None:
     for i, op in enumerate(report.operators):
         quantities |= {f"operators.{i}.records_in": op.records_in, f"operators.{i}.records_out": op.records_out,
                        f"operators.{i}.busy_time_s": op.busy_time_s, f"operators.{i}.arrival_rate": op.arrival_rate}
+    for i, state in enumerate(report.state):
+        quantities |= {f"state.{i}.rows": state.rows, f"state.{i}.memory_bytes": state.memory_bytes,
+                       f"state.{i}.commit_time_s": state.commit_time_s}
     for name, value in quantities.items():
         # int > float compares exactly in Python; printing a huge int could itself fail, so it is not shown.
         if value is not None and value > MAX_QUANTITY:

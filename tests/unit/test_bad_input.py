@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from contracts.dead_letters import DeadLetter, Rejection, dead_letter
 from contracts.messages import MetricReport, MetricWindow
+from contracts.stage import Incoming
+from monitor.kernel import parse as kernel_parse
 from monitor.validation import MAX_QUANTITY, PARSE_REASONS, parse_report
 from monitor.windows import WindowState, add_report, close_window
 
@@ -91,6 +93,14 @@ def valid_reports(draw: st.DrawFn) -> dict[str, Any]:
             {"operator_id": "sink", "upstream": ["src"], "parallelism": 2, "records_in": draw(counts),
              "records_out": draw(counts), "busy_time_s": draw(finite)},
         ]
+    if draw(st.booleans()):
+        report["shuffle_partitions"] = draw(st.integers(1, 10_000))
+        report["state"] = [{"operator": "stateStoreSave", "rows": draw(counts), "memory_bytes": draw(counts),
+                            "commit_time_s": draw(finite),
+                            "partitions": draw(st.none() | st.integers(1, report["shuffle_partitions"]))}]
+    for lag in ("watermark_lag_s", "output_lag_s"):
+        if draw(st.booleans()):
+            report[lag] = draw(st.floats(0, 31_536_000))
     return report
 
 
@@ -205,6 +215,8 @@ NUMBER_FIELDS = [
     ("cpu_utilization",), ("shuffle_partitions",), ("source", "arrival_rate"), ("source", "backlog"),
     ("source", "partitions"), ("operators", 0, "records_in"), ("operators", 0, "records_out"),
     ("operators", 0, "busy_time_s"), ("operators", 0, "arrival_rate"), ("operators", 1, "parallelism"),
+    ("state", 0, "rows"), ("state", 0, "memory_bytes"), ("state", 0, "commit_time_s"), ("state", 0, "partitions"),
+    ("watermark_lag_s",), ("output_lag_s",),
 ]
 any_number = (
     st.integers() | st.integers(min_value=10**12, max_value=10**500) | st.floats()
@@ -223,6 +235,7 @@ def test_any_number_in_any_numeric_field_is_accepted_or_rejected(
         {"operator_id": "sink", "upstream": ["src"], "parallelism": 2, "records_in": 1, "records_out": 1,
          "busy_time_s": 0.1},
     ])
+    report.setdefault("state", [{"operator": "stateStoreSave", "rows": 1, "memory_bytes": 1, "partitions": 1}])
     container(report, path)[path[-1]] = number
     value = json.dumps(report).encode()
     check_outcome(value, KEY, parse(value))
@@ -240,6 +253,17 @@ def test_magnitudes_that_would_overflow_a_window_are_invalid(field: str, value: 
     result = parse(json.dumps(report).encode())
     assert isinstance(result, Rejection) and result.reason == "invalid_report", result
     assert field in result.detail
+
+
+@pytest.mark.parametrize(("field", "value"), [("rows", 10**400), ("memory_bytes", 10**15 + 1),
+                                              ("commit_time_s", 1e308)])
+def test_state_magnitudes_that_would_overflow_a_window_are_invalid(field: str, value: float) -> None:
+    state = {"operator": "stateStoreSave", "rows": 1, "memory_bytes": 1, "commit_time_s": 0.1} | {field: value}
+    report = {"job_id": "job", "timestamp": 1005.0, "interval_s": 1.0, "parallelism": 2, "records_in": 1,
+              "records_out": 1, "busy_time_s": 0.5, "state": [state]}
+    result = parse(json.dumps(report).encode())
+    assert isinstance(result, Rejection) and result.reason == "invalid_report", result
+    assert f"state.0.{field}" in result.detail
 
 
 def test_the_largest_plausible_report_closes_cleanly() -> None:
@@ -293,3 +317,63 @@ def test_the_default_limit_is_inclusive() -> None:
     assert isinstance(parse(exactly), MetricReport)
     over = parse(exactly + b" ")
     assert isinstance(over, Rejection) and over.reason == "oversize"
+
+
+# ---------------------------------------------------------------- a query's state, through the monitor kernel
+
+STATEFUL = {"job_id": "job", "timestamp": 1005.0, "interval_s": 1.0, "worker_id": "driver", "parallelism": 2,
+            "records_in": 10, "records_out": 10, "busy_time_s": 0.5, "shuffle_partitions": 8,
+            "state": [{"operator": "stateStoreSave", "rows": 20, "memory_bytes": 70200, "commit_time_s": 0.4,
+                       "partitions": 8}],
+            "watermark_lag_s": 7.3, "output_lag_s": 9.0}
+
+
+def through_kernel(report: dict[str, Any]) -> MetricReport | DeadLetter:
+    """One record through `monitor.kernel.parse`: the report it accepts or the dead letter it writes."""
+    parsed = kernel_parse([Incoming(json.dumps(report).encode(), KEY, "metrics", 0, 7)], "metrics", LIMIT, NOW, SKEW)
+    if parsed.rejected:
+        return DeadLetter.model_validate_json(parsed.rejected[0].to_bytes())
+    return parsed.accepted[0][0]
+
+
+def with_state(**fields: Any) -> dict[str, Any]:
+    return STATEFUL | {"state": [STATEFUL["state"][0] | fields]}
+
+
+@pytest.mark.parametrize(("report", "names"), [
+    (with_state(memory_bytes=-1), "state.0.memory_bytes"),
+    (with_state(rows=-5), "state.0.rows"),
+    (with_state(commit_time_s=-0.1), "state.0.commit_time_s"),
+    (with_state(partitions=0), "state.0.partitions"),
+    (with_state(partitions=9), "more than the 8 shuffle partitions"),
+    (with_state(operator=""), "state.0.operator"),
+    (STATEFUL | {"watermark_lag_s": -1.0}, "watermark_lag_s"),
+    (STATEFUL | {"output_lag_s": 4e7}, "output_lag_s"),
+])
+def test_state_out_of_range_or_inconsistent_is_dead_lettered_with_a_reason_naming_the_field(
+        report: dict[str, Any], names: str) -> None:
+    letter = through_kernel(report)
+    assert isinstance(letter, DeadLetter), letter
+    assert letter.reason == "invalid_report" and letter.stage == "monitor" and names in letter.detail, letter
+
+
+def test_a_report_whose_state_partitions_could_not_be_read_is_accepted_and_closes() -> None:
+    report = through_kernel(with_state(partitions=None))
+    assert isinstance(report, MetricReport) and report.state[0].partitions is None
+    closes_cleanly(report)
+    state, _ = add_report(None, report, INTERVAL, 0, 0)
+    window = close_window(state, "job", INTERVAL)
+    assert window.state is not None and window.state.partitions is None and window.state.rows == 20
+
+
+def test_reports_without_the_state_fields_stay_valid() -> None:
+    old = {"schema_version": 1, "job_id": "job", "timestamp": 1005.0, "interval_s": 1.0, "worker_id": "driver",
+           "parallelism": 2, "records_in": 10, "records_out": 10, "busy_time_s": 0.5, "shuffle_partitions": 8,
+           "source": {"arrival_rate": 10.0, "backlog": 0, "partitions": 1}}
+    report = through_kernel(old)
+    assert isinstance(report, MetricReport)
+    assert (report.state, report.watermark_lag_s, report.output_lag_s) == ([], None, None)
+    state, _ = add_report(None, report, INTERVAL, 0, 0)
+    assert "state" not in state.to_dict()["workers"]["driver"]
+    window = close_window(state, "job", INTERVAL)
+    assert (window.state, window.watermark_lag_s, window.output_lag_s) == (None, None, None)
