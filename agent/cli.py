@@ -343,14 +343,19 @@ def demo(
     cluster: Annotated[str, typer.Option(help="local: Spark in local mode, rescaled by restarting from the "
                                               "checkpoint; standalone: a Spark standalone cluster started for "
                                               "the demo, executors changed in place.")] = "local",
+    workload: Annotated[str, typer.Option(help="The job: enrich (the demo job), window-agg, dedup, join, "
+                                               "nexmark-q1, -q2, -q5, -q8 or -q11 (pipeline.workloads).")] = "enrich",
 ) -> None:
     """Run the demo Spark job under changing load on the embedded stack, autoscaled live; end with a
     summary table and a PNG of the run."""
     from agent.demo import run_demo
+    from pipeline.workloads import WORKLOADS
 
     if cluster not in ("local", "standalone"):
         raise typer.BadParameter("local or standalone", param_hint="--cluster")
-    run_demo(get_settings(), shape, cost_ms, partitions, max_parallelism, console, cluster)
+    if workload not in WORKLOADS:
+        raise typer.BadParameter(", ".join(WORKLOADS), param_hint="--workload")
+    run_demo(get_settings(), shape, cost_ms, partitions, max_parallelism, console, cluster, workload)
 
 
 # ---------------------------------------------------------------- embedded stack

@@ -5,6 +5,10 @@ window, decision and rescale. At the end it drains the backlog, reads the job's 
 summary (actions, slot-seconds against provisioning for the peak throughout, peak backlog, records in
 and out, exactly once) and writes a PNG of load, capacity, parallelism and backlog over time.
 Each run has topics of its own and a job the autoscaler learns anew.
+
+`workload` picks the job from the workload suite (pipeline.workloads): `enrich`, the demo job, by
+default; a stateful one keeps as many state partitions as the job's maximum parallelism, and its output is
+checked against its input (pipeline.workloads.check) for records lost or duplicated.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from contracts.decisions import EventType, ScalingDecision, ScalingEvent
 from contracts.settings import Settings
 from evaluation.live import live_measures
 from evaluation.report import plot_live
-from infra.kafka import ensure_topics, written_ids
+from infra.kafka import TopicReader, ensure_topics, written_ids
+from pipeline.workloads import DEFAULT_WORKLOAD, Workload, entry_points, workload
+from pipeline.workloads.check import check
 from stack.cluster import start_cluster
 from stack.embedded import Stack, state_dir
 from stack.live import LiveRun
@@ -42,12 +48,13 @@ DASHBOARD_PORT = 8050
 
 
 def run_demo(settings: Settings, shape: str, cost_ms: float, partitions: int, max_parallelism: int,
-             console: Console, cluster: str = "local") -> dict[str, Any]:
+             console: Console, cluster: str = "local", workload_name: str = DEFAULT_WORKLOAD) -> dict[str, Any]:
     """The demo; `cluster` "standalone" runs the job on a Spark standalone cluster started for it
     (a master and one worker with a core per slot), rescaled in place; "local" in local mode,
-    restarted from its checkpoint."""
+    restarted from its checkpoint. `workload_name` names the job (pipeline.workloads)."""
     if cluster not in ("local", "standalone"):
         raise ValueError(f"cluster must be local or standalone, not {cluster!r}")
+    job = workload(workload_name)
     stack = Stack(settings)
     started_stack = not all(stack.status().values())
     stack.up(console=console)
@@ -67,11 +74,14 @@ def run_demo(settings: Settings, shape: str, cost_ms: float, partitions: int, ma
     if spark is not None:
         console.print(f"Spark standalone cluster at {spark.url} ({max_parallelism} cores); executors change in place")
     follow = consumer(settings, [settings.topics.decisions, settings.topics.scaling_events, settings.topics.analyses])
-    runner = start_job_runner(settings, JOB, job_dir, logs / "runner.log", max_parallelism=max_parallelism,
+    options, job_args, runner_settings = job_launch(settings, job, max_parallelism)
+    runner = start_job_runner(runner_settings, JOB, job_dir, logs / "runner.log", max_parallelism=max_parallelism,
                               options={"cost_ms": str(cost_ms), "input_topic": input_topic,
-                                       "output_topic": output_topic},
-                              args=["--master", spark.url, "--backend", "inplace"] if spark is not None else None)
-    load = start_load(settings, input_topic, logs / "load.log", ["--shape", shape], partitions=partitions)
+                                       "output_topic": output_topic, **options},
+                              args=[*job_args, *(["--master", spark.url, "--backend", "inplace"]
+                                                 if spark is not None else [])] or None)
+    load_args = ["--shape", shape, *([] if job.records == "demo" else ["--records", job.records])]
+    load = start_load(settings, input_topic, logs / "load.log", load_args, partitions=partitions)
     try:
         dashboard = start_dashboard(settings, logs / "dashboard.log", agents=[f"http://127.0.0.1:{settings.web_port}"],
                                     port=DASHBOARD_PORT if not port_open("127.0.0.1", DASHBOARD_PORT) else free_port())
@@ -80,8 +90,8 @@ def run_demo(settings: Settings, shape: str, cost_ms: float, partitions: int, ma
         dashboard = None
         console.print(f"[yellow]no dashboard: {exc}[/yellow]")
     run = LiveRun(started=time.time())
-    console.print(f"demo job started (runner pid {runner.pid}); load: {shape}; topics {input_topic} -> "
-                  f"{output_topic}; logs in {logs}")
+    console.print(f"demo job ({job.name}: {job.description}) started (runner pid {runner.pid}); load: {shape}; "
+                  f"topics {input_topic} -> {output_topic}; logs in {logs}")
     console.print("decisions, rescales and one status line per window follow; Ctrl-C stops the demo\n")
     summary: dict[str, Any] = {}
     try:
@@ -97,9 +107,14 @@ def run_demo(settings: Settings, shape: str, cost_ms: float, partitions: int, ma
             if drain_until is not None and last is not None and not last.backlog:
                 break
         produced = _produced(logs / "load.log")
-        ids = (written_ids(settings.kafka_bootstrap, output_topic, produced, timeout_s=60.0, late_s=2.0)
-               if produced is not None else [])
-        summary = demo_summary(run, produced, ids, SCALE_DOWN_DELAY_S) | {"in_place": cluster == "standalone"}
+        if job.name == DEFAULT_WORKLOAD:
+            ids = (written_ids(settings.kafka_bootstrap, output_topic, produced, timeout_s=60.0, late_s=2.0)
+                   if produced is not None else [])
+            summary = demo_summary(run, produced, ids, SCALE_DOWN_DELAY_S)
+        else:
+            summary = demo_summary(run, produced, [], SCALE_DOWN_DELAY_S) | _checked(
+                settings, job, input_topic, output_topic, produced, options)
+        summary |= {"in_place": cluster == "standalone", "workload": job.name}
         _print_summary(console, summary)
         png = _plot(run, logs.parent / f"demo-{run_id}.png")
         png.with_suffix(".json").write_text(json.dumps(summary | {"shape": shape, "timeline": run.timeline()},
@@ -118,6 +133,39 @@ def run_demo(settings: Settings, shape: str, cost_ms: float, partitions: int, ma
         if started_stack:
             stack.down(console=console)
     return summary
+
+
+def job_launch(settings: Settings, job: Workload, max_parallelism: int) -> tuple[dict[str, str], list[str],
+                                                                               Settings]:
+    """A workload's extra job options, its runner arguments and the settings the runner starts with
+    (the suite's entry points allowed); the demo job's are none and the settings as given."""
+    if job.name == DEFAULT_WORKLOAD:
+        return {}, [], settings
+    options = {"statePartitions": str(max_parallelism)} if job.stateful else {}
+    allowed = list(dict.fromkeys([*settings.job_entry_points, *entry_points()]))
+    return options, ["--entry", job.entry_point], settings.model_copy(update={"job_entry_points": allowed})
+
+
+def _checked(settings: Settings, job: Workload, input_topic: str, output_topic: str, produced: int | None,
+             options: dict[str, str]) -> dict[str, Any]:
+    """records_out, duplicates and missing of a workload's run, from its input and output topics: windows
+    and sessions the watermark has not closed yet are left out."""
+    if produced is None:
+        return {"records_out": 0, "duplicates": 0, "missing": None}
+    reader = TopicReader(settings.kafka_bootstrap, input_topic)
+    try:
+        inputs = reader.until(lambda rs: len(rs) >= produced, json.loads, timeout=120)
+    finally:
+        reader.close()
+    reader = TopicReader(settings.kafka_bootstrap, output_topic)
+    try:
+        outputs = [json.loads(v) for v in reader.poll(10.0)]
+    finally:
+        reader.close()
+    closed_before = max((float(r["ts"]) for r in inputs), default=0.0) - float(options.get("watermark_s", 5.0))
+    result = check(job.name, inputs, outputs, options, closed_before)
+    return {"records_out": result.written - result.duplicated, "duplicates": result.duplicated,
+            "missing": result.lost + result.mismatched}
 
 
 def _follow(follow: Any, run: LiveRun, console: Console) -> Analysis | None:

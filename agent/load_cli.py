@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from evaluation.traces import read_rates, scale_rates
-from pipeline.loadgen import LINGER_MS, Replay, Shape, expected_total, generate_load, parse_shape
+from pipeline.loadgen import LINGER_MS, Replay, Shape, expected_total, generate_load, parse_shape, record_maker
 
 
 def replay_file(
@@ -66,6 +66,9 @@ def run(
     linger_ms: Annotated[
         float, typer.Option("--linger-ms", min=0, help="The producer's batching delay per partition.")
     ] = LINGER_MS,
+    records: Annotated[
+        str, typer.Option("--records", help="demo | dedup[:FRACTION] | join | nexmark[:SEED] (pipeline.loadgen).")
+    ] = "demo",
 ) -> None:
     """Produce the load; print a JSON summary with the number of records produced."""
     from contracts.settings import get_settings
@@ -88,6 +91,7 @@ def run(
                 high=high,
             )
         )
+        maker = record_maker(records)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     stop = threading.Event()
@@ -112,6 +116,7 @@ def run(
         on_progress=progress,
         security=kafka_security_config(get_settings()),
         linger_ms=linger_ms,
+        record=maker,
     )
     expected = expected_total(chosen, min(result.seconds, duration or chosen.duration_s or result.seconds))
     typer.echo(json.dumps({

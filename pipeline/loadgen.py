@@ -1,7 +1,15 @@
-"""Load generator: demo records to a Kafka topic at a rate that follows a shape.
+"""Load generator: records to a Kafka topic at a rate that follows a shape.
 
-Records are JSON {"id": <int>, "key": <str>, "ts": <float>} with sequential ids from `start_id`,
-key k<id mod keys> (also the Kafka key) and ts the send time (epoch s).
+By default records are demo records, JSON {"id": <int>, "key": <str>, "ts": <float>} with sequential
+ids from `start_id`, key k<id mod keys> (also the Kafka key) and ts the send time (epoch s). Other
+record makers (`record_maker`, `--records` of `autoscaler load run`):
+  demo               the demo records above;
+  dedup[:FRACTION]   demo records of which FRACTION (default 0.1) resend an id sent shortly before
+                     (`dedup_source_id` says which), for deduplicating jobs;
+  join               orders and payments for a stream-stream join: record n is order n // 2's order
+                     (n even) or its payment (n odd), {"id", "key", "ts", "side", "order"};
+  nexmark[:SEED]     Nexmark Person, Auction and Bid events, event id = record id (pipeline.nexmark).
+Every record's ts is its send time, its event time.
 
 Shapes (`--shape`):
   constant:RATE                       RATE records/s
@@ -21,11 +29,15 @@ import itertools
 import json
 import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
+
+from pipeline.nexmark import NexmarkConfig, nexmark_record
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +152,67 @@ def expected_total(shape: Shape, duration_s: float, step_s: float = 0.01) -> flo
     return sum(records_between(shape, a, b, 1) for a, b in itertools.pairwise(edges))
 
 
+# (record id, keys, send time) -> (Kafka key, value): one record per id the sender counts.
+RecordMaker = Callable[[int, int, float], tuple[bytes, bytes]]
+DEFAULT_DUPLICATES = 0.1
+# A resent id is one of the RESEND_WINDOW ids sent just before it.
+RESEND_WINDOW = 8
+
+
 def demo_record(record_id: int, keys: int, now: float) -> tuple[bytes, bytes]:
     key = f"k{record_id % keys}"
     return key.encode(), json.dumps({"id": record_id, "key": key, "ts": now}, separators=(",", ":")).encode()
+
+
+def dedup_source_id(record_id: int, fraction: float, seed: int = 0) -> int:
+    """The id record `record_id` carries in a deduplication load: its own, or (with probability
+    `fraction`, decided by (seed, record id) alone) the id an earlier record carried, up to
+    RESEND_WINDOW records back. The distinct ids of records a .. b-1 are {dedup_source_id(n) for n}."""
+    while record_id > 0:
+        draw = random.Random((seed << 40) ^ record_id ^ 0x5EED)
+        if draw.random() >= fraction:
+            return record_id
+        record_id = max(0, record_id - 1 - draw.randrange(RESEND_WINDOW))
+    return record_id
+
+
+def dedup_record(record_id: int, keys: int, now: float, fraction: float = DEFAULT_DUPLICATES,
+                 seed: int = 0) -> tuple[bytes, bytes]:
+    """A demo record whose id may repeat an earlier one (`dedup_source_id`); the key follows the id."""
+    return demo_record(dedup_source_id(record_id, fraction, seed), keys, now)
+
+
+def join_record(record_id: int, keys: int, now: float) -> tuple[bytes, bytes]:
+    """Order record_id // 2's order (even ids) or payment (odd ids), keyed by the order."""
+    order = record_id // 2
+    key = f"k{order % keys}"
+    side = "order" if record_id % 2 == 0 else "payment"
+    value = {"id": record_id, "key": key, "ts": now, "side": side, "order": order}
+    return key.encode(), json.dumps(value, separators=(",", ":")).encode()
+
+
+RECORD_KINDS = ("demo", "dedup", "join", "nexmark")
+
+
+def record_maker(spec: str = "demo") -> RecordMaker:
+    """The record maker a spec names: demo, dedup[:FRACTION], join or nexmark[:SEED] (see the module doc)."""
+    kind, _, arg = spec.strip().partition(":")
+    kind = kind.lower()
+    try:
+        if kind == "demo" and not arg:
+            return demo_record
+        if kind == "join" and not arg:
+            return join_record
+        if kind == "dedup":
+            fraction = float(arg) if arg else DEFAULT_DUPLICATES
+            if not 0.0 <= fraction < 1.0:
+                raise ValueError("the duplicate fraction must be in [0, 1)")
+            return partial(dedup_record, fraction=fraction)
+        if kind == "nexmark":
+            return partial(nexmark_record, config=NexmarkConfig(seed=int(arg) if arg else 0))
+    except ValueError as exc:
+        raise ValueError(f"bad records {spec!r}: {exc}") from None
+    raise ValueError(f"unknown records {spec!r}: demo, dedup[:FRACTION], join or nexmark[:SEED]")
 
 
 # ---------------------------------------------------------------- the sender
@@ -184,8 +254,10 @@ def generate_load(
     on_progress: Callable[[float, int], None] | None = None,
     security: Mapping[str, str] | None = None,
     linger_ms: float = LINGER_MS,
+    record: RecordMaker = demo_record,
 ) -> LoadResult:
-    """Produce demo records following `shape` until its end, `duration_s`, or `stop_event`.
+    """Produce records (`record`, default demo records) following `shape` until its end, `duration_s`,
+    or `stop_event`.
 
     `security`: SASL/SSL client properties (infra.security.kafka_security_config). `linger_ms`: how long
     the producer gathers records into one batch per partition (see LINGER_MS)."""
@@ -216,7 +288,7 @@ def generate_load(
         budget -= due
         wall = time.time()
         for _ in range(due):
-            key, value = demo_record(next_id, keys, wall)
+            key, value = record(next_id, keys, wall)
             while True:
                 try:
                     producer.produce(topic, key=key, value=value)
