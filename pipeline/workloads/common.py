@@ -19,7 +19,6 @@ the driver once per micro-batch: a batch Spark replays after a restart is skippe
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
@@ -150,23 +149,9 @@ def output_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def count_output(counter: OutputCounter | None, records: int, newest_event_time: float | None) -> None:
-    """The one place workloads count what they wrote, with the newest event time in it.
-
-    OUTPUT-LAG CALL SITE: `OutputCounter.add` takes `newest_event_time` once the reporter reports the
-    output's event-time lag; until then the count goes alone."""
-    if counter is None:
-        return
-    if newest_event_time is not None and _takes_event_time(counter):
-        counter.add(records, newest_event_time=newest_event_time)  # type: ignore[call-arg]
-    else:
-        counter.add(records)
-
-
-def _takes_event_time(counter: OutputCounter) -> bool:
-    try:
-        return "newest_event_time" in inspect.signature(counter.add).parameters
-    except (TypeError, ValueError):
-        return False
+    """Count what a sink wrote with the newest event time in it (the reporter's output event-time lag)."""
+    if counter is not None:
+        counter.add(records, newest_event_time=newest_event_time)
 
 
 # (micro-batch, batch id) -> (output rows, newest event time in them or None); runs on the driver.

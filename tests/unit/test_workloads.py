@@ -108,7 +108,7 @@ def test_output_is_counted_with_its_event_time_when_the_counter_takes_it() -> No
     count_output(counter, 3, 100.0)
     count_output(counter, 2, None)
     count_output(None, 5, 1.0)
-    assert counter.take() == 5
+    assert counter.take() == 5 and counter.newest_event_time() == 100.0
 
 
 @given(st.floats(min_value=0, max_value=2e9, allow_nan=False), st.sampled_from([(10.0, 0.0), (10.0, 2.0), (6.0, 4.0)]))
@@ -220,3 +220,16 @@ def test_nexmark_q5_and_q8_checks() -> None:
     assert check("nexmark-q8", inputs, [], {"window_s": "10"}, closed_before=900.0).ok  # nothing closed yet
     with pytest.raises(KeyError):
         check("nexmark-q3", inputs, [])
+
+
+def test_the_demo_launches_a_workload_with_its_entry_point_allowed() -> None:
+    from agent.demo import job_launch
+    from contracts.settings import Settings
+
+    settings = Settings()
+    assert job_launch(settings, workload("enrich"), 8) == ({}, [], settings)
+    options, args, runner_settings = job_launch(settings, workload("window-agg"), 6)
+    assert options == {"statePartitions": "6"} and args == ["--entry", "pipeline.workloads.stateful:window_agg"]
+    assert runner_settings.job_entry_points == entry_points()
+    options, args, _ = job_launch(settings, workload("nexmark-q1"), 6)
+    assert options == {} and args == ["--entry", "pipeline.workloads.nexmark_queries:q1"]
