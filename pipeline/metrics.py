@@ -124,10 +124,8 @@ def parse_spark_timestamp(text: str) -> float:
 
 
 def _field(item: Any, name: str) -> Any:
-    """A field of a progress part, whether its JSON dict or pyspark's object."""
-    if isinstance(item, Mapping):
-        return item.get(name)
-    return getattr(item, name, None)
+    """A field of a progress or a part of it, whether its JSON dict or pyspark's object (None: absent)."""
+    return item.get(name) if isinstance(item, Mapping) else getattr(item, name, None)
 
 
 def _count(value: Any) -> int:
@@ -177,12 +175,12 @@ def state_from_progress(operators: Any) -> tuple[StateSample, ...]:
 def watermark_from_progress(event_time: Any) -> float | None:
     """The progress's `eventTime.watermark` in epoch seconds; None without one. Before the query
     has seen any event Spark reports the watermark as epoch 0: that is no watermark yet."""
-    text = _field(event_time, "watermark") if event_time is not None else None
+    text = _field(event_time, "watermark")
     if not text:
         return None
     try:
         watermark = parse_spark_timestamp(str(text))
-    except ValueError:
+    except (ValueError, OverflowError):
         return None
     return watermark if watermark > 0 else None
 
@@ -196,28 +194,21 @@ def lag(end: float, event_time: float | None) -> float | None:
 
 def sample_from_progress(progress: Mapping[str, Any] | Any) -> ProgressSample:
     """Convert a StreamingQueryProgress (object or its JSON dict) into a ProgressSample."""
-    get = progress.get if isinstance(progress, Mapping) else lambda k, d=None: getattr(progress, k, d)
+    def get(name: str) -> Any:
+        return _field(progress, name)
+
     durations = get("durationMs") or {}
     sources = get("sources") or []
     source = sources[0] if sources else None
-
-    def source_field(name: str) -> Any:
-        if source is None:
-            return None
-        return source.get(name) if isinstance(source, Mapping) else getattr(source, name, None)
-
-    sink = get("sink")
-    sink_rows = None
-    if sink is not None:
-        rows = sink.get("numOutputRows") if isinstance(sink, Mapping) else getattr(sink, "numOutputRows", None)
-        sink_rows = int(rows) if rows is not None and int(rows) >= 0 else None
+    rows = _field(get("sink"), "numOutputRows")
+    sink_rows = int(rows) if rows is not None and int(rows) >= 0 else None  # None: the sink does not count
     return ProgressSample(
         trigger_start=parse_spark_timestamp(str(get("timestamp"))),
         duration_s=float(durations.get("triggerExecution", 0) or 0) / 1000.0,
         input_rows=int(get("numInputRows") or 0),
         sink_rows=sink_rows,
-        processed=off.parse_progress_offsets(source_field("endOffset")),
-        log_end=off.parse_progress_offsets(source_field("latestOffset")),
+        processed=off.parse_progress_offsets(_field(source, "endOffset")),
+        log_end=off.parse_progress_offsets(_field(source, "latestOffset")),
         state=state_from_progress(get("stateOperators")),
         watermark=watermark_from_progress(get("eventTime")),
     )
