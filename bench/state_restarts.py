@@ -6,14 +6,18 @@ grows) under the restart backend (`pipeline.restart.RestartFromCheckpoint`) in l
 constant rate by the project's load generator on a broker of its own, once per state store provider
 (`--stores`: RocksDB, Spark's default HDFS-backed one). It restarts the query `--baseline` times right
 away, while the state is nearly empty, then `--restarts` times `--hold` seconds apart as the state grows,
-alternating between `--low` and `--high` parallelism.
+alternating between `--low` and `--high` parallelism, with `--fill` seconds more before the first of
+those. A micro-batch reads at most `--batch-records` records, so that a restart's first batch holds the
+state's load and a bounded amount of work, not the whole backlog of the downtime.
 
 Per restart: the state's rows and memory before it; the restart as the backend measures it (from the
 stop request until the restarted query completed its first micro-batch); its state load, the restart
 less the median nearly-empty restart in the same direction (the same restart with no state to load);
+the first batch's duration beside the batches' before the stop (its excess, a cross-check of the load);
 the restart the planner would have predicted before it from the restarts measured so far
 (`Downtimes.at_state(rows).typical(direction, first start)`); the recovery observed (from the stop
-until a batch ends with at most `backlog_tolerance_s` of arrivals waiting) and the one predicted
+until a batch ends with at most `--tolerance-s` of arrivals waiting; the recovery detector's default
+tolerance, 10 s, would count a restart shorter than that as recovered at its first batch) and the one predicted
 (`plan.recovery.predict_recovery` with the predicted restart and the fastest batch seen so far at the
 new parallelism as its capacity). Summary: median and worst relative error over the restarts whose
 state load is at least a third of the restart. Prints a table per store and writes JSON.
@@ -21,6 +25,7 @@ state load is at least a third of the restart. Prints a table per store and writ
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import statistics
@@ -84,6 +89,7 @@ class Restart:
     stopped_at: float  # epoch s of the stop request
     restart_s: float  # stop request to the first micro-batch done at the new parallelism
     first_batch_s: float | None  # that batch's own duration
+    steady_batch_s: float | None  # the median duration of the last batches before the stop that read records
     backlog_before: int
     recovered_s: float | None  # stop request to the first batch ending caught up
     rate: float
@@ -94,6 +100,13 @@ class Restart:
     @property
     def direction(self) -> Direction:
         return Direction.of(self.from_p, self.to_p)
+
+    @property
+    def first_batch_excess_s(self) -> float | None:
+        """How much longer the first batch took than the batches before the stop (its state load, mostly)."""
+        if self.first_batch_s is None or self.steady_batch_s is None:
+            return None
+        return self.first_batch_s - self.steady_batch_s
 
     @property
     def share(self) -> float | None:
@@ -113,14 +126,22 @@ def caught_up_at(batches: Sequence[Batch], run: int, caught_up: float) -> float 
                 None)
 
 
-def fastest(batches: Sequence[Batch], parallelism_of: dict[int, int], parallelism: int, before: float) -> float | None:
-    """Records per second of the fastest batch at `parallelism` ended before `before`, a restart's first
-    batch left out (it holds the start-up); None when none ran there."""
+def capacity_at(batches: Sequence[Batch], parallelism_of: dict[int, int], parallelism: int, before: float,
+                full: int, last: int = 3) -> float | None:
+    """Records per second at `parallelism` before `before`: the median rate of the `last` batches there that
+    read at least `full` records (a batch the per-batch limit filled: the job at capacity), each restart's
+    first batch left out (it holds the start-up); None when none ran there."""
     first = {b.run: min(c.batch_id for c in batches if c.run == b.run) for b in batches}
-    rates = [b.input_rows / b.duration_s for b in batches
-             if parallelism_of.get(b.run) == parallelism and b.end < before and b.batch_id != first[b.run]
-             and b.duration_s > 0 and b.input_rows > 0]
-    return max(rates, default=None)
+    found = sorted((b for b in batches if parallelism_of.get(b.run) == parallelism and b.end < before
+                    and b.batch_id != first[b.run] and b.duration_s > 0 and b.input_rows >= max(1, full)),
+                   key=lambda b: b.end)[-last:]
+    return statistics.median(b.input_rows / b.duration_s for b in found) if found else None
+
+
+def steady(batches: Sequence[Batch], run: int, last: int = 3) -> float | None:
+    """The median duration of the `last` batches of `run` that read records; None without one."""
+    found = sorted((b for b in batches if b.run == run and b.input_rows > 0), key=lambda b: b.batch_id)[-last:]
+    return statistics.median(b.duration_s for b in found) if found else None
 
 
 def judge(restarts: Sequence[Restart], default_s: float, capacity: Sequence[float | None],
@@ -211,14 +232,16 @@ def load(bootstrap: str, rate: float, partitions: int) -> Iterator[None]:
         thread.join(60)
 
 
-def run_store(store: str, opts: dict[str, Any], console: Console) -> dict[str, Any]:
-    """One store's run: the restarts measured and judged, its batches and first start."""
+def run_store(store: str, opts: dict[str, Any], console: Console, partial: Path) -> dict[str, Any]:
+    """One store's run: the restarts measured and judged, its batches and first start; what is measured so
+    far goes to `partial` after each restart."""
     from pipeline.workloads.stateful import window_agg
 
     rate = opts["rate"]
     options = {"input_topic": INPUT, "output_topic": OUTPUT, "cost_ms": "0", "stateStore": store,
                "window_s": str(opts["window_s"]), "slide_s": str(opts["slide_s"]), "watermark_s": "5",
-               "statePartitions": str(opts["partitions"])}
+               "statePartitions": str(opts["partitions"]),
+               "maxRecordsPerTrigger": str(opts["batch_records"])}
     seen: dict[tuple[int, int], Batch] = {}
     measured: list[Restart] = []
     parallelism_of = {0: opts["low"]}
@@ -235,8 +258,10 @@ def run_store(store: str, opts: dict[str, Any], console: Console) -> dict[str, A
             plan = targets(opts["baseline"] + opts["restarts"], opts["low"], opts["high"], opts["low"])
             for index, target in enumerate(plan, start=1):
                 baseline = index <= opts["baseline"]
-                watch(job, index - 1, rate, 2.0 if baseline else opts["hold"], seen)
+                hold = 5.0 if baseline else opts["hold"] + (opts["fill"] if index == opts["baseline"] + 1 else 0.0)
+                watch(job, index - 1, rate, hold, seen)
                 before = max((b for b in seen.values() if b.run == index - 1), key=lambda b: b.batch_id)
+                before_s = steady(list(seen.values()), index - 1)
                 previous = job.parallelism or opts["low"]
                 stopped_at = time.time()
                 outcome = job.apply(target)
@@ -247,9 +272,13 @@ def run_store(store: str, opts: dict[str, Any], console: Console) -> dict[str, A
                 run = sorted((b for b in seen.values() if b.run == index), key=lambda b: b.batch_id)
                 measured.append(Restart(index, baseline, previous, target, before.state_rows, before.memory_bytes,
                                         stopped_at, outcome.downtime_s or math.nan,
-                                        run[0].duration_s if run else None, before.backlog, None, rate))
+                                        run[0].duration_s if run else None, before_s, before.backlog, None,
+                                        rate))
                 console.print(f"restart {index} {previous}->{target}: {outcome.downtime_s:.1f} s at "
-                              f"{before.state_rows:,} rows ({before.memory_bytes / 2**20:.0f} MiB)")
+                              f"{before.state_rows:,} rows ({before.memory_bytes / 2**20:.0f} MiB), first batch "
+                              f"{run[0].duration_s if run else math.nan:.1f} s")
+                partial.write_text(json.dumps({"restarts": [asdict(r) for r in measured],
+                                               "batches": [asdict(b) for b in seen.values()]}))
             watch(job, len(plan), rate, 10.0, seen)
             job.stop()
     batches = list(seen.values())
@@ -257,10 +286,12 @@ def run_store(store: str, opts: dict[str, Any], console: Console) -> dict[str, A
     for r in measured:
         until = caught_up_at(batches, r.index, opts["tolerance_s"] * rate)
         with_recovery.append(replace(r, recovered_s=None if until is None else until - r.stopped_at))
-    capacity = [fastest(batches, parallelism_of, r.to_p, r.stopped_at) for r in with_recovery]
+    full = opts["batch_records"] // 2
+    capacity = [capacity_at(batches, parallelism_of, r.to_p, r.stopped_at, full) for r in with_recovery]
     judged = judge(with_recovery, started_s, capacity, opts["tolerance_s"])
     return {"store": store, "started_s": started_s, "summary": summarize(judged),
             "restarts": [asdict(r) | {"direction": r.direction.value, "share": r.share,
+                                      "first_batch_excess_s": r.first_batch_excess_s,
                                       "restart_error": relative_error(r.predicted_s, r.restart_s),
                                       "recovery_error": relative_error(r.predicted_recovery_s, r.recovered_s)}
                          for r in judged],
@@ -271,14 +302,15 @@ def show(result: dict[str, Any], console: Console) -> None:
     def num(value: float | None, fmt: str = ".1f") -> str:
         return "-" if value is None else format(value, fmt)
 
-    out = table(f"{result['store']}: restarts against state", "restart", "p", "state rows", "MiB",
-                "restart s", "state load s", "share", "predicted s", "error", "recovery s", "predicted", "error")
+    out = table(f"{result['store']}: restarts against state", "restart", "p", "state rows", "MiB", "restart s",
+                "1st batch s", "excess s", "state load s", "share", "predicted s", "error", "recovery s", "predicted",
+                "error")
     for r in result["restarts"]:
         out.add_row(f"{r['index']}{' (baseline)' if r['baseline'] else ''}", f"{r['from_p']}->{r['to_p']}",
                     f"{r['rows_before']:,}", f"{r['memory_before'] / 2**20:.0f}", num(r["restart_s"]),
-                    num(r["state_load_s"]), num(r["share"], ".0%"), num(r["predicted_s"]),
-                    num(r["restart_error"], ".0%"), num(r["recovered_s"]), num(r["predicted_recovery_s"]),
-                    num(r["recovery_error"], ".0%"))
+                    num(r["first_batch_s"]), num(r["first_batch_excess_s"]), num(r["state_load_s"]),
+                    num(r["share"], ".0%"), num(r["predicted_s"]), num(r["restart_error"], ".0%"),
+                    num(r["recovered_s"]), num(r["predicted_recovery_s"]), num(r["recovery_error"], ".0%"))
     console.print(out)
     s = result["summary"]
     console.print(f"{s['judged']} of {s['restarts']} restarts with state load >= a third; restart error median "
@@ -290,31 +322,35 @@ def show(result: dict[str, Any], console: Console) -> None:
 def main(
     stores: Annotated[str, typer.Option(help="State store providers, comma-separated: hdfs, rocksdb.")]
     = "hdfs,rocksdb",
-    restarts: Annotated[int, typer.Option(help="Restarts as the state grows.")] = 12,
-    baseline: Annotated[int, typer.Option(help="Restarts at a nearly empty state first.")] = 2,
+    restarts: Annotated[int, typer.Option(help="Restarts as the state grows.")] = 14,
+    baseline: Annotated[int, typer.Option(help="Restarts at a nearly empty state first.")] = 4,
     hold: Annotated[float, typer.Option(help="Seconds between two restarts.")] = 45.0,
+    fill: Annotated[float, typer.Option(help="Seconds added before the first restart after the baseline.")] = 240.0,
     settle: Annotated[float, typer.Option(help="Seconds after the first start.")] = 10.0,
-    rate: Annotated[float, typer.Option(help="Records/s, each a new key.")] = 2000.0,
+    rate: Annotated[float, typer.Option(help="Records/s, each a new key.")] = 200.0,
+    batch_records: Annotated[int, typer.Option(help="Records per micro-batch at most (maxRecordsPerTrigger).")]
+    = 800,
     window_s: Annotated[float, typer.Option(help="Window length (s); none closes within a run.")] = 86400.0,
     slide_s: Annotated[float, typer.Option(help="Window slide (s): window_s / slide_s state rows per record.")]
-    = 21600.0,
+    = 7200.0,
     partitions: Annotated[int, typer.Option(help="State partitions.")] = 8,
     topic_partitions: Annotated[int, typer.Option(help="Input topic partitions.")] = 4,
     low: Annotated[int, typer.Option(help="Parallelism of the scale-downs.")] = 1,
     high: Annotated[int, typer.Option(help="Parallelism of the scale-ups.")] = 2,
     tolerance_s: Annotated[float, typer.Option(help="Caught up: at most this many seconds of arrivals waiting.")]
-    = TOLERANCE_S,
+    = 2.0,
     driver_memory: Annotated[str, typer.Option(help="Spark driver memory (local mode: the state's heap).")] = "6g",
     output: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS / "state_restarts.json",
 ) -> None:
-    console = Console()
+    console = Console(width=200)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    opts = {"restarts": restarts, "baseline": baseline, "hold": hold, "settle": settle, "rate": rate,
+    opts = {"restarts": restarts, "baseline": baseline, "hold": hold, "fill": fill, "settle": settle, "rate": rate,
+            "batch_records": batch_records,
             "window_s": window_s, "slide_s": slide_s, "partitions": partitions, "topic_partitions": topic_partitions,
             "low": low, "high": high, "driver_memory": driver_memory, "tolerance_s": tolerance_s}
     results = []
     for store in (s.strip().lower() for s in stores.split(",") if s.strip()):
-        result = run_store(store, opts, console)
+        result = run_store(store, opts, console, output.with_suffix(f".{store}.partial.json"))
         show(result, console)
         results.append(result)
         write_result(output, {"parameters": opts, "stores": results}, console=console)

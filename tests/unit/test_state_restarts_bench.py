@@ -9,10 +9,11 @@ import pytest
 from bench.state_restarts import (
     Batch,
     Restart,
+    capacity_at,
     caught_up_at,
-    fastest,
     judge,
     relative_error,
+    steady,
     summarize,
     targets,
 )
@@ -21,7 +22,7 @@ from contracts.plan_state import Direction, Downtimes
 
 def restart(index: int, from_p: int, to_p: int, rows: int, seconds: float, baseline: bool = False,
             recovered: float | None = None, rate: float = 100.0, backlog: int = 0) -> Restart:
-    return Restart(index, baseline, from_p, to_p, rows, rows * 100, 1000.0 * index, seconds, None, backlog,
+    return Restart(index, baseline, from_p, to_p, rows, rows * 100, 1000.0 * index, seconds, None, None, backlog,
                    recovered, rate)
 
 
@@ -93,13 +94,30 @@ def test_caught_up_at_is_the_first_batch_of_the_run_within_the_tolerance() -> No
     assert caught_up_at(batches, 1, 10) is None
 
 
-def test_fastest_leaves_out_each_runs_first_batch_and_later_ones() -> None:
-    batches = [batch(0, 0, 1.0, 0, rows=900), batch(0, 1, 2.0, 0, rows=300), batch(1, 2, 5.0, 0, rows=5000),
-               batch(1, 3, 6.0, 0, rows=400), batch(0, 2, 9.0, 0, rows=800)]
+def test_capacity_is_the_rate_of_the_last_full_batches_at_that_parallelism() -> None:
+    batches = [batch(0, 0, 1.0, 0, rows=900), batch(0, 1, 2.0, 0, rows=300), batch(0, 2, 3.0, 0, rows=500),
+               batch(0, 3, 4.0, 0, rows=700, duration=2.0), batch(1, 4, 5.0, 0, rows=5000),
+               batch(1, 5, 6.0, 0, rows=400), batch(0, 6, 9.0, 0, rows=800)]
     parallelism_of = {0: 1, 1: 2}
-    assert fastest(batches, parallelism_of, 1, before=8.0) == 300.0
-    assert fastest(batches, parallelism_of, 2, before=8.0) == 400.0
-    assert fastest(batches, parallelism_of, 3, before=8.0) is None
+    # Run 0 before t=8: batch 0 is its first (start-up), batch 1 did not fill; 500/s and 350/s remain.
+    assert capacity_at(batches, parallelism_of, 1, before=8.0, full=400) == pytest.approx(425.0)
+    assert capacity_at(batches, parallelism_of, 1, before=8.0, full=400, last=1) == pytest.approx(350.0)
+    assert capacity_at(batches, parallelism_of, 2, before=8.0, full=400) == 400.0
+    assert capacity_at(batches, parallelism_of, 3, before=8.0, full=400) is None
+
+
+def test_steady_is_the_median_of_the_last_batches_that_read_records() -> None:
+    batches = [batch(0, 1, 1.0, 0, duration=9.0), batch(0, 2, 2.0, 0, duration=1.0),
+               batch(0, 3, 3.0, 0, duration=2.0), batch(0, 4, 4.0, 0, rows=0, duration=0.1),
+               batch(0, 5, 5.0, 0, duration=3.0), batch(1, 6, 6.0, 0, duration=7.0)]
+    assert steady(batches, 0) == 2.0
+    assert steady(batches, 2) is None
+
+
+def test_first_batch_excess() -> None:
+    r = Restart(1, False, 1, 2, 0, 0, 0.0, 9.0, 5.0, 1.5, 0, None, 1.0)
+    assert r.first_batch_excess_s == pytest.approx(3.5)
+    assert restart(1, 1, 2, 0, 1.0).first_batch_excess_s is None
 
 
 def test_direction_of_a_restart() -> None:
