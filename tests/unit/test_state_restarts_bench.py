@@ -13,6 +13,7 @@ from bench.state_restarts import (
     caught_up_at,
     judge,
     relative_error,
+    rocksdb_metric,
     steady,
     summarize,
     targets,
@@ -123,3 +124,12 @@ def test_first_batch_excess() -> None:
 def test_direction_of_a_restart() -> None:
     assert restart(1, 1, 2, 0, 1.0).direction is Direction.UP
     assert restart(1, 2, 1, 0, 1.0).direction is Direction.DOWN
+
+
+def test_rocksdb_metric_sums_the_state_operators_and_is_none_when_unreported() -> None:
+    progress = {"stateOperators": [{"customMetrics": {"rocksdbLoadLatencyMs": 120}},
+                                   {"customMetrics": {"rocksdbLoadLatencyMs": 30, "other": 1}}]}
+    assert rocksdb_metric(progress, "rocksdbLoadLatencyMs") == 150.0
+    hdfs = {"stateOperators": [{"customMetrics": {"loadedMapCacheMissCount": 8}}]}
+    assert rocksdb_metric(hdfs, "rocksdbLoadLatencyMs") is None
+    assert rocksdb_metric({"stateOperators": []}, "rocksdbLoadLatencyMs") is None
