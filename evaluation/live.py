@@ -28,8 +28,10 @@ from evaluation.model_files import WARM_UP_S
 from evaluation.simulator import WINDOW_S, PolicyRunner, simulate
 from evaluation.suite import EvalSettings, eval_config
 from evaluation.traces import LOW_FRACTION, NATIVE_ROW_SECONDS, TRACE_FILES, TRACES, builtin_series, replay
+from infra.kafka import topic_partitions
+from pipeline.workloads import workload
 from plan.registry import make_policy, policy_class
-from stack.live import LiveRun, run_live
+from stack.live import LiveRun, LiveWorkload, run_live
 from stack.processes import start_broker, start_redis, stop_pid
 from stack.services import isolated_settings
 
@@ -40,6 +42,39 @@ COMPARED = ("slot_seconds", "actions", "peak_backlog", "beyond_target_s", "lag_p
 # Per window in the JSON: enough to follow the job's per-slot rate and batch cost over a long run.
 WINDOW_FIELDS = {"window_end", "parallelism", "valid", "arrival_rate", "backlog", "observed_processing_rate",
                  "true_processing_rate", "utilization", "batch_overhead_s", "batch_work_s"}
+
+
+def live_workload(name: str, options: dict[str, str] | None = None) -> LiveWorkload:
+    """What `run_live` needs of the registry's workload `name` (pipeline.workloads), with job `options`;
+    KeyError for an unknown name."""
+    found = workload(name)
+    return LiveWorkload(found.name, found.entry_point, found.records, tuple(sorted((options or {}).items())))
+
+
+def read_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[tuple[float, dict[str, Any]]]:
+    """Every JSON record of `topic` from its start, each with when it was written (its Kafka timestamp,
+    epoch s): read until every partition reached its end, or `timeout_s`. No consumer group."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 100})
+    try:
+        parts = topic_partitions(consumer, topic)
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        pending, out = set(parts), []
+        deadline = time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, 0.5):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(msg.partition())
+                    continue
+                _, stamp = msg.timestamp()
+                out.append((stamp / 1000.0, json.loads(msg.value())))
+        return out
+    finally:
+        consumer.close()
 
 
 def load_start(run: LiveRun) -> float:

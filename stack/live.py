@@ -1,8 +1,10 @@
-"""A live run: the demo Spark job under a load, autoscaled by the agents, with everything they publish.
+"""A live run: a Spark job under a load, autoscaled by the agents, with everything they publish.
 
 Used by the live evaluation (`autoscaler evaluate --live`), the live benchmarks and the end-to-end
-tests. The broker and Redis of the settings must be running; the agents, the job runner and the
-load generator are started here (`stack.services`) and stopped at the end.
+tests. The job is a `LiveWorkload` (the demo job unless told otherwise: its entry point, the records
+its load sends, its options); callers above this layer build one from the workload registry
+(`evaluation.live.live_workload`). The broker and Redis of the settings must be running; the agents,
+the job runner and the load generator are started here (`stack.services`) and stopped at the end.
 """
 
 from __future__ import annotations
@@ -25,6 +27,30 @@ from stack.services import register_jobs, start_agents, start_job_runner, start_
 
 JOB = "demo"
 WARM_UP_FIRST_ID = 1_000_000_000  # far above any replay's ids (they start at 0)
+DEMO_ENTRY_POINT = "pipeline.demo:build"
+
+
+@dataclass(frozen=True)
+class LiveWorkload:
+    """What `run_live` runs: the workload's name, its job entry point (module:function, pipeline.job),
+    the records its load sends (`autoscaler load run --records`) and job options beside the per-record
+    cost and the topics. Its topics are `<run>.<topic_name>.input` and `.output`."""
+
+    name: str = "enrich"
+    entry_point: str = DEMO_ENTRY_POINT
+    records: str = "demo"
+    options: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def topic_name(self) -> str:
+        return "demo" if self.name == "enrich" else self.name
+
+    def load_args(self) -> list[str]:
+        """The load generator's record arguments: none for demo records (its default)."""
+        return [] if self.records == "demo" else ["--records", self.records]
+
+
+ENRICH = LiveWorkload()
 
 
 @dataclass
@@ -34,6 +60,8 @@ class LiveRun:
     decisions: list[ScalingDecision] = field(default_factory=list)
     events: list[ScalingEvent] = field(default_factory=list)
     load_summary: dict[str, object] = field(default_factory=dict)
+    input_topic: str = ""
+    output_topic: str = ""
 
     def of(self, kind: EventType) -> list[ScalingEvent]:
         return [e for e in self.events if e.type is kind]
@@ -79,6 +107,7 @@ def run_live(
     warm_up_rate: float = 50.0,
     runner_args: list[str] | None = None,
     parallelism: int = 1,
+    workload: LiveWorkload = ENRICH,
 ) -> LiveRun:
     """Run the job under the load until the load ends plus `drain_s`; collect what was published.
 
@@ -87,10 +116,17 @@ def run_live(
     micro-batch falls over a new process's first minutes (docs/spark.md), which a job in production
     has long behind it but a replay compressed into minutes would magnify. Warm-up records have ids
     from WARM_UP_FIRST_ID on. `runner_args` go to `autoscaler job run` (a cluster's `--master`, the
-    `--backend`, Spark `--conf`s), which starts the job at `parallelism`. The broker and Redis of
-    `settings` must be running."""
+    `--backend`, Spark `--conf`s), which starts the job at `parallelism`. `workload` says which job
+    runs and what its load sends (default the demo job and its records); its entry point is added to
+    the runner's allowed entry points. The broker and Redis of `settings` must be running."""
     run = settings.topics.metrics.split(".")[0]
-    input_topic, output_topic = f"{run}.demo.input", f"{run}.demo.output"
+    input_topic, output_topic = f"{run}.{workload.topic_name}.input", f"{run}.{workload.topic_name}.output"
+    if workload.entry_point not in settings.job_entry_points:
+        settings = settings.model_copy(
+            update={"job_entry_points": [*settings.job_entry_points, workload.entry_point]})
+    if workload.entry_point != DEMO_ENTRY_POINT:
+        runner_args = [*(runner_args or []), "--entry", workload.entry_point]
+    load_args = [*load_args, *workload.load_args()]
     ensure_topics(settings, extra=[input_topic, output_topic])
     config = {"max_parallelism": str(max_parallelism), **job_overrides}
     if warm_up_s <= 0:
@@ -100,17 +136,17 @@ def run_live(
     follow.subscribe([settings.topics.analyses, settings.topics.decisions, settings.topics.scaling_events])
     agents = start_agents(settings, workdir / "agents.log", stages, timeout=90)
     runner = start_job_runner(settings, job, workdir / "job", workdir / "runner.log", max_parallelism=max_parallelism,
-                              options={"cost_ms": str(cost_ms), "input_topic": input_topic,
+                              options={**dict(workload.options), "cost_ms": str(cost_ms), "input_topic": input_topic,
                                        "output_topic": output_topic}, args=runner_args, parallelism=parallelism)
     load: Popen[bytes] | None = None
     try:
         # The load comes to a running job, as it would to a job in production (whose start-up is not scaled).
         wait_until_running(runner, workdir / "runner.log")
         if warm_up_s > 0:
-            warm_up(settings, input_topic, workdir, warm_up_s, warm_up_rate, follow)
+            warm_up(settings, input_topic, workdir, warm_up_s, warm_up_rate, follow, workload.load_args())
             register_jobs(settings, [job], **config)
         load = start_load(settings, input_topic, workdir / "load.log", load_args)
-        result = LiveRun(started=time.time())
+        result = LiveRun(started=time.time(), input_topic=input_topic, output_topic=output_topic)
         parsers = {settings.topics.analyses: (Analysis, result.analyses),
                    settings.topics.decisions: (ScalingDecision, result.decisions),
                    settings.topics.scaling_events: (ScalingEvent, result.events)}
@@ -143,11 +179,13 @@ def run_live(
     return result
 
 
-def warm_up(settings: Settings, topic: str, workdir: Path, seconds: float, rate: float, follow: Consumer) -> None:
-    """A constant `rate` into `topic` for `seconds` (`run_live`), the follower kept polling meanwhile."""
+def warm_up(settings: Settings, topic: str, workdir: Path, seconds: float, rate: float, follow: Consumer,
+            record_args: list[str] | None = None) -> None:
+    """A constant `rate` into `topic` for `seconds` (`run_live`), the follower kept polling meanwhile;
+    `record_args` choose the records (the load generator's `--records`)."""
     load = start_load(settings, topic, workdir / "warm-up.log",
                       ["--shape", f"constant:{rate:g}", "--duration", f"{seconds:g}",
-                       "--start-id", str(WARM_UP_FIRST_ID)])
+                       "--start-id", str(WARM_UP_FIRST_ID), *(record_args or [])])
     deadline = time.time() + seconds + 120
     try:
         while load.poll() is None:

@@ -1,15 +1,23 @@
 """The backends' comparison: the three arms of `python -m bench.backends_live` (in place, restarts,
-Spark's dynamic allocation), what they cost in executor-seconds and how the runs summarize, and
-`python -m bench.backends_sim`'s per-case comparison of the suite run with restarts and in place."""
+Spark's dynamic allocation), the four of `python -m bench.workloads` (those and static at peak), what
+they cost in executor-seconds, the event-time latency of a workload's output, how the runs summarize,
+and `python -m bench.backends_sim`'s per-case comparison of the suite run with restarts and in place."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import statistics
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
 ARMS = ("inplace", "restart", "dynamic")
+WORKLOAD_ARMS = ("inplace", "restart", "dynamic", "static")
+# A row's newest event time, by the first of these fields it has (epoch s); a window's or a session's
+# end bounds its newest event from above, so a latency measured from it is a lower bound.
+EVENT_TIME_FIELDS = ("max_ts", "payment_ts", "ts", "window_end", "session_end")
 
 
 def arm_setup(arm: str, master: str, max_parallelism: int) -> tuple[list[str], dict[str, str], int]:
@@ -21,14 +29,100 @@ def arm_setup(arm: str, master: str, max_parallelism: int) -> tuple[list[str], d
         return [*base, "--backend", "restart"], {}, 1
     if arm == "dynamic":
         # The application may grow to the maximum (spark.cores.max); dynamic allocation decides how many
-        # executors it holds, from one. Spark's defaults otherwise (1 s backlog timeout, 60 s idle timeout).
-        conf = {"spark.dynamicAllocation.enabled": "true", "spark.dynamicAllocation.shuffleTracking.enabled": "true",
-                "spark.dynamicAllocation.minExecutors": "1", "spark.dynamicAllocation.initialExecutors": "1",
-                "spark.dynamicAllocation.maxExecutors": str(max_parallelism),
-                "spark.scheduler.minRegisteredResourcesRatio": "0"}
-        return [*base, "--backend", "restart", *(x for k, v in conf.items() for x in ("--conf", f"{k}={v}"))], \
-            {"mode": "recommend"}, max_parallelism
+        # executors it holds, from one.
+        return [*base, "--backend", "restart", *dynamic_conf(max_parallelism)], {"mode": "recommend"}, max_parallelism
     raise ValueError(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")
+
+
+def dynamic_conf(max_parallelism: int) -> list[str]:
+    """Spark's dynamic allocation as `--conf` arguments: the application may grow to `max_parallelism`
+    executors (spark.cores.max) from one; Spark's defaults otherwise (1 s backlog timeout, 60 s idle
+    timeout)."""
+    conf = {"spark.dynamicAllocation.enabled": "true", "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+            "spark.dynamicAllocation.minExecutors": "1", "spark.dynamicAllocation.initialExecutors": "1",
+            "spark.dynamicAllocation.maxExecutors": str(max_parallelism),
+            "spark.scheduler.minRegisteredResourcesRatio": "0"}
+    return [x for k, v in conf.items() for x in ("--conf", f"{k}={v}")]
+
+
+def workload_arm_setup(arm: str, master: str, max_parallelism: int, static_parallelism: int
+                       ) -> tuple[list[str], dict[str, str], int]:
+    """`python -m bench.workloads`' arms: the job runner's arguments, the job's registration and the
+    parallelism it starts at. `inplace`: the default policy, executors changed in place on the cluster at
+    `master`; `restart`: the default policy, restarts in local mode; `dynamic`: Spark's dynamic allocation
+    on the cluster, the agents in recommend mode; `static`: `static_parallelism` executors on the cluster
+    throughout, the agents in recommend mode."""
+    cluster = ["--master", master]
+    if arm == "inplace":
+        return [*cluster, "--backend", "inplace"], {"scaling_backend": "in_place"}, 1
+    if arm == "restart":
+        return ["--backend", "restart"], {}, 1
+    if arm == "dynamic":
+        return [*cluster, "--backend", "restart", *dynamic_conf(max_parallelism)], {"mode": "recommend"}, \
+            max_parallelism
+    if arm == "static":
+        if not 1 <= static_parallelism <= max_parallelism:
+            raise ValueError(f"the static parallelism must be in 1..{max_parallelism}, not {static_parallelism}")
+        return [*cluster, "--backend", "restart"], {"mode": "recommend"}, static_parallelism
+    raise ValueError(f"unknown arm {arm!r}; choose from {', '.join(WORKLOAD_ARMS)}")
+
+
+def peak_parallelism(peak_rate: float, slot_rate: float, target_utilization: float, max_parallelism: int) -> int:
+    """The slots that carry `peak_rate` records/s at `target_utilization` when one slot carries `slot_rate`
+    records/s at full use (at least 1, at most `max_parallelism`): the static arm's size."""
+    need = peak_rate / slot_rate / target_utilization
+    return max(1, min(max_parallelism, math.ceil(need - 1e-9)))
+
+
+def parallelism_samples(begin: float, initial: int, switches: Iterable[tuple[float, int]]) -> list[tuple[float, int]]:
+    """Samples for `executor_seconds` from a parallelism timeline: `initial` from `begin`, then each
+    (time, parallelism) switch; switches before `begin` set the parallelism at `begin`."""
+    samples = [(begin, initial)]
+    for at, to in sorted(switches):
+        if at <= begin:
+            samples[0] = (begin, to)
+        else:
+            samples.append((at, to))
+    return samples
+
+
+def row_event_time(row: Mapping[str, Any]) -> float | None:
+    """A workload output row's newest event time (EVENT_TIME_FIELDS), None when it carries none."""
+    for name in EVENT_TIME_FIELDS:
+        value = row.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def event_time_latencies(records: Iterable[tuple[float, Mapping[str, Any]]]) -> list[float]:
+    """Per output row, the seconds from its newest event time to when its record was written: each of
+    `records` is (written at, epoch s; the record) and holds its rows under "rows" (a workload's sink) or
+    is one row. Rows without an event time are left out."""
+    out = []
+    for written, record in records:
+        rows = record.get("rows")
+        for row in rows if isinstance(rows, list) else [record]:
+            event = row_event_time(row)
+            if event is not None:
+                out.append(written - event)
+    return out
+
+
+def latency_summary(latencies: list[float]) -> dict[str, float | int | None]:
+    """The rows, the mean and the nearest-rank p95 and maximum of the latencies (None without any)."""
+    if not latencies:
+        return {"rows": 0, "mean_s": None, "p95_s": None, "max_s": None}
+    ordered = sorted(latencies)
+    p95 = ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+    return {"rows": len(ordered), "mean_s": round(sum(ordered) / len(ordered), 3), "p95_s": round(p95, 3),
+            "max_s": round(ordered[-1], 3)}
+
+
+def changes(samples: list[tuple[float, int]], begin: float, end: float) -> int:
+    """How often the sampled count changed within [begin, end] (e.g. dynamic allocation's executors)."""
+    counts = [c for t, c in sorted(samples) if begin <= t <= end]
+    return sum(1 for a, b in itertools.pairwise(counts) if a != b)
 
 
 def executor_seconds(samples: list[tuple[float, int]], begin: float, end: float) -> float:
@@ -95,3 +189,28 @@ def compare(restart: list[dict[str, Any]], in_place: list[dict[str, Any]], polic
             "in_place_actions_median": float(np.median([r["actions"] for r, _ in changed])),
         })
     return table
+
+
+def median_worst(values: Iterable[float | int | None], fmt: str) -> str:
+    """'median [worst]' of the values that are not None (worst: the highest; every measure summarized so
+    is better lower); '-' when none is."""
+    present = [float(v) for v in values if v is not None]
+    if not present:
+        return "-"
+    return f"{statistics.median(present):{fmt}} [{max(present):{fmt}}]"
+
+
+def summarize_cells(rows: list[dict[str, Any]], keys: tuple[str, ...], measures: Mapping[str, str],
+                    listed: tuple[str, ...] = ()) -> list[dict[str, str]]:
+    """One summary per distinct `keys` of the rows, in first-seen order: the keys, the number of runs,
+    'median [worst]' of each measure (name -> format) and each `listed` field as the list over the runs."""
+    cells: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        cells.setdefault(tuple(row[k] for k in keys), []).append(row)
+    out = []
+    for cell, runs in cells.items():
+        summary = {k: str(v) for k, v in zip(keys, cell, strict=True)} | {"runs": str(len(runs))}
+        summary |= {name: median_worst((r.get(name) for r in runs), fmt) for name, fmt in measures.items()}
+        summary |= {name: ", ".join(str(r.get(name)) for r in runs) for name in listed}
+        out.append(summary)
+    return out
