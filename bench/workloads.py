@@ -202,9 +202,22 @@ def main(
     backlog_target_s: Annotated[float, typer.Option(help="The job's backlog target, seconds of arrivals.")] = 20.0,
     stop_by: Annotated[str | None, typer.Option(help="HH:MM UTC: no run starts that would end after it.")] = None,
     out: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS / "workloads.json",
+    summarize: Annotated[list[Path] | None, typer.Option(
+        "--summarize", help="Run nothing: the table of the runs in these JSON files (repeatable), written to --out.")]
+    = None,
 ) -> None:
     """Run every (workload, pattern, arm) in turn on one cluster; print the table and write JSON."""
     console = Console(width=200)
+    if summarize:
+        import json
+
+        files = [json.loads(path.read_text()) for path in summarize]
+        rows = [row for result in files for row in result["rows"]]
+        write_result(out, {"from": [str(p) for p in summarize], "settings": [
+            {k: v for k, v in f.items() if k not in ("rows", "machine", "code")} for f in files], "rows": rows},
+            console=console)
+        print_table(console, rows, max(f["repeats"] for f in files))
+        return
     names = workloads or list(WORKLOADS)
     chosen_arms = arms or list(WORKLOAD_ARMS)
     specs = {"step": step, "cosine": cosine}
@@ -259,7 +272,7 @@ def main(
 
 
 def print_table(console: Console, rows: list[dict[str, Any]], repeats: int) -> None:
-    result = table(f"workloads live: median [worst] of the runs ({repeats} round(s) asked)", "workload", "pattern",
+    result = table(f"workloads live: median \\[worst] of the runs ({repeats} round(s) asked)", "workload", "pattern",
                    "arm", "runs", "latency mean s", "latency p95 s", "output lag p95 s", "slot-s", "lost",
                    "duplicated", "recovery error", "actions", "executor changes", "recoveries (predicted, observed)")
     done = [r for r in rows if "error" not in r]
