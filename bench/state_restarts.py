@@ -3,12 +3,13 @@
 Runs the window-agg workload (`pipeline.workloads.stateful.window_agg`: sliding event-time windows per
 key, every record a new key, windows a day long so that none closes during the run and the state only
 grows) under the restart backend (`pipeline.restart.RestartFromCheckpoint`) in local mode, fed at a
-constant rate by the project's load generator on a broker of its own, once per state store provider
+constant rate (`--rate`) by the project's load generator on a broker of its own, once per state store provider
 (`--stores`: RocksDB, Spark's default HDFS-backed one). It restarts the query `--baseline` times right
 away, while the state is nearly empty, then `--restarts` times `--hold` seconds apart as the state grows,
 alternating between `--low` and `--high` parallelism, with `--fill` seconds more before the first of
-those. A micro-batch reads at most `--batch-records` records, so that a restart's first batch holds the
-state's load and a bounded amount of work, not the whole backlog of the downtime.
+those (at `--fill-rate`, to grow the state faster than the job could sustain for long). A micro-batch
+reads at most `--batch-records` records, so that a restart's first batch holds the state's load and a
+bounded amount of work, not the whole backlog of the downtime.
 
 Per restart: the state's rows and memory before it; the restart as the backend measures it (from the
 stop request until the restarted query completed its first micro-batch); its state load, the restart
@@ -42,12 +43,13 @@ import typer
 from rich.console import Console
 
 from bench.common import RESULTS, table, write_result
+from capacity.live_testbed import Adjustable
 from contracts.jobs import JobConfig
 from contracts.plan_state import Direction, Downtimes
 from contracts.settings import Settings, Topics
 from evaluation.calibrate import own_broker
 from pipeline import offsets as off
-from pipeline.loadgen import Constant, generate_load
+from pipeline.loadgen import generate_load
 from pipeline.metrics import sample_from_progress
 from pipeline.restart import RestartFromCheckpoint, SparkJobConfig
 from plan.recovery import predict_recovery
@@ -235,10 +237,11 @@ def watch(job: RestartFromCheckpoint, run: int, rate: float, seconds: float, see
 
 
 @contextmanager
-def load(bootstrap: str, rate: float, partitions: int) -> Iterator[None]:
-    """Demo records at `rate`, every one a key of its own, from a thread until the block ends."""
+def load(bootstrap: str, shape: Adjustable, partitions: int) -> Iterator[None]:
+    """Demo records at `shape`'s rate (set while it runs), every one a key of its own, from a thread until
+    the block ends."""
     stop = threading.Event()
-    thread = threading.Thread(target=generate_load, args=(bootstrap, INPUT, Constant(rate)),
+    thread = threading.Thread(target=generate_load, args=(bootstrap, INPUT, shape),
                               kwargs={"duration_s": 7 * 86400, "stop_event": stop, "partitions": partitions,
                                       "keys": 10**12}, daemon=True)
     thread.start()
@@ -255,6 +258,7 @@ def run_store(store: str, opts: dict[str, Any], console: Console, partial: Path)
     from pipeline.workloads.stateful import window_agg
 
     rate = opts["rate"]
+    shape = Adjustable(rate_per_s=opts["fill_rate"] or rate)
     options = {"input_topic": INPUT, "output_topic": OUTPUT, "cost_ms": "0", "stateStore": store,
                "window_s": str(opts["window_s"]), "slide_s": str(opts["slide_s"]), "watermark_s": "5",
                "statePartitions": str(opts["partitions"]),
@@ -269,14 +273,16 @@ def run_store(store: str, opts: dict[str, Any], console: Console, partial: Path)
                                 spark_conf={"spark.driver.memory": opts["driver_memory"]},
                                 trigger_interval_s=1.0, report_interval_s=5.0, settings=settings)
         job = RestartFromCheckpoint(config, build=window_agg)
-        with load(bootstrap, rate, opts["topic_partitions"]):
+        with load(bootstrap, shape, opts["topic_partitions"]):
             started_s = job.start(opts["low"])
-            watch(job, 0, rate, opts["settle"], seen)
+            watch(job, 0, shape.rate_per_s, opts["settle"], seen)
             plan = targets(opts["baseline"] + opts["restarts"], opts["low"], opts["high"], opts["low"])
             for index, target in enumerate(plan, start=1):
                 baseline = index <= opts["baseline"]
-                hold = 5.0 if baseline else opts["hold"] + (opts["fill"] if index == opts["baseline"] + 1 else 0.0)
-                watch(job, index - 1, rate, hold, seen)
+                if index == opts["baseline"] + 1:  # the fill, at its own rate; then the measured restarts' rate
+                    watch(job, index - 1, shape.rate_per_s, opts["fill"], seen)
+                    shape.rate_per_s = rate
+                watch(job, index - 1, shape.rate_per_s, 5.0 if baseline else opts["hold"], seen)
                 before = max((b for b in seen.values() if b.run == index - 1), key=lambda b: b.batch_id)
                 before_s = steady(list(seen.values()), index - 1)
                 previous = job.parallelism or opts["low"]
@@ -285,23 +291,24 @@ def run_store(store: str, opts: dict[str, Any], console: Console, partial: Path)
                 if not outcome.ok:
                     raise RuntimeError(f"restart {index} to {target} failed: {outcome.errors}")
                 parallelism_of[index] = target
-                watch(job, index, rate, 0.0, seen)
+                watch(job, index, shape.rate_per_s, 0.0, seen)
                 run = sorted((b for b in seen.values() if b.run == index), key=lambda b: b.batch_id)
+                reported = run[0].load_ms / 1000 if run and run[0].load_ms is not None else None
                 measured.append(Restart(index, baseline, previous, target, before.state_rows, before.memory_bytes,
                                         stopped_at, outcome.downtime_s or math.nan,
                                         run[0].duration_s if run else None, before_s, before.backlog, None,
-                                        rate, run[0].load_ms / 1000 if run and run[0].load_ms is not None else None))
+                                        shape.rate_per_s, reported))
                 console.print(f"restart {index} {previous}->{target}: {outcome.downtime_s:.1f} s at "
                               f"{before.state_rows:,} rows ({before.memory_bytes / 2**20:.0f} MiB), first batch "
                               f"{run[0].duration_s if run else math.nan:.1f} s")
                 partial.write_text(json.dumps({"restarts": [asdict(r) for r in measured],
                                                "batches": [asdict(b) for b in seen.values()]}))
-            watch(job, len(plan), rate, 10.0, seen)
+            watch(job, len(plan), shape.rate_per_s, 10.0, seen)
             job.stop()
     batches = list(seen.values())
     with_recovery = []
     for r in measured:
-        until = caught_up_at(batches, r.index, opts["tolerance_s"] * rate)
+        until = caught_up_at(batches, r.index, opts["tolerance_s"] * r.rate)
         with_recovery.append(replace(r, recovered_s=None if until is None else until - r.stopped_at))
     full = opts["batch_records"] // 2
     capacity = [capacity_at(batches, parallelism_of, r.to_p, r.stopped_at, full) for r in with_recovery]
@@ -346,6 +353,7 @@ def main(
     fill: Annotated[float, typer.Option(help="Seconds added before the first restart after the baseline.")] = 180.0,
     settle: Annotated[float, typer.Option(help="Seconds after the first start.")] = 10.0,
     rate: Annotated[float, typer.Option(help="Records/s, each a new key.")] = 300.0,
+    fill_rate: Annotated[float | None, typer.Option(help="Records/s until the fill ends (default: --rate).")] = None,
     batch_records: Annotated[int, typer.Option(help="Records per micro-batch at most (maxRecordsPerTrigger).")]
     = 2000,
     window_s: Annotated[float, typer.Option(help="Window length (s); none closes within a run.")] = 86400.0,
@@ -363,6 +371,7 @@ def main(
     console = Console(width=200)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     opts = {"restarts": restarts, "baseline": baseline, "hold": hold, "fill": fill, "settle": settle, "rate": rate,
+            "fill_rate": fill_rate,
             "batch_records": batch_records,
             "window_s": window_s, "slide_s": slide_s, "partitions": partitions, "topic_partitions": topic_partitions,
             "low": low, "high": high, "driver_memory": driver_memory, "tolerance_s": tolerance_s}
