@@ -69,7 +69,7 @@ COMPRESSION = 10.0
 JOB_TIMES = {"scale_down_delay_s": f"{300 / COMPRESSION:g}", "catch_up_duration_s": f"{300 / COMPRESSION:g}",
              "metrics_window_s": f"{2 * WINDOW_S:g}"}
 TARGET_UTILIZATION = 0.7  # the default job configuration's
-PATTERNS = {"step": "steps:100:50,400:130", "cosine": "sine:240:160:180"}
+PATTERNS = {"step": "steps:100:40,400:110", "cosine": "sine:240:160:150"}
 LOCAL_ARMS = ("restart",)
 MEASURES = {"latency_mean_s": ".1f", "latency_p95_s": ".1f", "output_lag_p95_s": ".1f", "slot_seconds": ".0f",
             "lost": ".0f", "duplicated": ".0f", "recovery_error": ".2f"}
@@ -197,8 +197,8 @@ def main(
                                              "arm at the peak.")] = 210.0,
     cost_ms: Annotated[float, typer.Option(help="Waiting per record (the job's cost_ms).")] = 4.0,
     option: Annotated[list[str] | None, typer.Option("--option", help="Job option key=value (repeatable).")] = None,
-    warm_up_s: Annotated[float, typer.Option(help="Seconds at the pattern's lowest rate before it.")] = 30.0,
-    drain_s: Annotated[float, typer.Option(help="Seconds after the load.")] = 30.0,
+    warm_up_s: Annotated[float, typer.Option(help="Seconds at the pattern's lowest rate before it.")] = 20.0,
+    drain_s: Annotated[float, typer.Option(help="Seconds after the load.")] = 25.0,
     backlog_target_s: Annotated[float, typer.Option(help="The job's backlog target, seconds of arrivals.")] = 20.0,
     stop_by: Annotated[str | None, typer.Option(help="HH:MM UTC: no run starts that would end after it.")] = None,
     out: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS / "workloads.json",
@@ -276,10 +276,17 @@ def print_table(console: Console, rows: list[dict[str, Any]], repeats: int) -> N
                    "arm", "runs", "latency mean s", "latency p95 s", "output lag p95 s", "slot-s", "lost",
                    "duplicated", "recovery error", "actions", "executor changes", "recoveries (predicted, observed)")
     done = [r for r in rows if "error" not in r]
-    for s in summarize_cells(done, ("workload", "pattern", "arm"), MEASURES, LISTED):
+    cells = summarize_cells(done, ("workload", "pattern", "arm"), MEASURES, LISTED)
+    for s in cells:
         result.add_row(s["workload"], s["pattern"], s["arm"], s["runs"], *(s[k] for k in MEASURES),
                        *(s[k] for k in LISTED))
     console.print(result)
+    columns = [c.header for c in result.columns]
+    console.print("\n".join(["| " + " | ".join(str(c) for c in columns) + " |",
+                             "|" + "---|" * len(columns)] +
+                            ["| " + " | ".join([s["workload"], s["pattern"], s["arm"], s["runs"],
+                                                *(s[k] for k in MEASURES), *(s[k] for k in LISTED)]) + " |"
+                             for s in cells]), markup=False, soft_wrap=True)
     for r in rows:
         if "error" in r:
             console.print(f"failed: {r['workload']} {r['pattern']} {r['arm']} (round {r['round'] + 1}): {r['error']}")
