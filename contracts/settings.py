@@ -14,9 +14,19 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 KafkaSecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 KafkaSaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 
-# The job entry points shipped in this repository; `autoscaler job run` starts no other unless
-# AUTOSCALER_JOB_ENTRY_POINTS lists it.
-DEFAULT_JOB_ENTRY_POINTS = ("pipeline.demo:build",)
+# The job entry points shipped in this repository (the workload suite, `pipeline.workloads`; a test
+# keeps the two lists one); `autoscaler job run` starts no other unless AUTOSCALER_JOB_ENTRY_POINTS lists it.
+DEFAULT_JOB_ENTRY_POINTS = (
+    "pipeline.demo:build",
+    "pipeline.workloads.stateful:window_agg",
+    "pipeline.workloads.stateful:dedup",
+    "pipeline.workloads.stateful:join",
+    "pipeline.workloads.nexmark_queries:q1",
+    "pipeline.workloads.nexmark_queries:q2",
+    "pipeline.workloads.nexmark_queries:q5",
+    "pipeline.workloads.nexmark_queries:q8",
+    "pipeline.workloads.nexmark_queries:q11",
+)
 
 
 class Topics(BaseModel):

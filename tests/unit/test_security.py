@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from contracts.decisions import RescaleCommand
-from contracts.settings import Settings, settings_env
+from contracts.settings import DEFAULT_JOB_ENTRY_POINTS, Settings, settings_env
 from infra.kafka import group_consumer_config, kafka_client_config
 from infra.security import (
     EntryPointNotAllowed,
@@ -62,7 +62,7 @@ def test_defaults_are_plaintext_without_auth() -> None:
     assert not [name for name in env if "SASL" in name or "SSL" in name or "SECURITY" in name]
     assert not [name for name in env if "REDIS_" in name and name != "AUTOSCALER_REDIS_URL"]
     assert "AUTOSCALER_JOB_ENTRY_POINTS" not in env
-    assert settings.job_entry_points == ["pipeline.demo:build"]
+    assert settings.job_entry_points == list(DEFAULT_JOB_ENTRY_POINTS)
 
 
 # ---------------------------------------------------------------- Kafka (confluent-kafka)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from contracts.settings import DEFAULT_JOB_ENTRY_POINTS
 from pipeline import nexmark as nx
 from pipeline.job import load_entry_point
 from pipeline.loadgen import RECORD_KINDS, dedup_source_id, demo_record, join_record, record_maker
@@ -42,6 +43,8 @@ def test_registry_names_every_workload_of_the_suite() -> None:
         assert callable(load_entry_point(w.entry_point))
         record_maker(w.records)  # the input each one needs can be generated
         assert w.records.partition(":")[0] in RECORD_KINDS
+    # `autoscaler job run` starts every workload of the suite without an allowlist of the user's own.
+    assert list(DEFAULT_JOB_ENTRY_POINTS) == entry_points()
     with pytest.raises(KeyError, match="window-agg"):
         workload("nope")
 
