@@ -69,7 +69,7 @@ COMPRESSION = 10.0
 JOB_TIMES = {"scale_down_delay_s": f"{300 / COMPRESSION:g}", "catch_up_duration_s": f"{300 / COMPRESSION:g}",
              "metrics_window_s": f"{2 * WINDOW_S:g}"}
 TARGET_UTILIZATION = 0.7  # the default job configuration's
-PATTERNS = {"step": "steps:100:40,400:110", "cosine": "sine:240:160:150"}
+PATTERNS = {"step": "steps:100:30,400:90", "cosine": "sine:240:160:120"}
 LOCAL_ARMS = ("restart",)
 MEASURES = {"latency_mean_s": ".1f", "latency_p95_s": ".1f", "output_lag_p95_s": ".1f", "slot_seconds": ".0f",
             "lost": ".0f", "duplicated": ".0f", "recovery_error": ".2f"}
@@ -197,8 +197,8 @@ def main(
                                              "arm at the peak.")] = 210.0,
     cost_ms: Annotated[float, typer.Option(help="Waiting per record (the job's cost_ms).")] = 4.0,
     option: Annotated[list[str] | None, typer.Option("--option", help="Job option key=value (repeatable).")] = None,
-    warm_up_s: Annotated[float, typer.Option(help="Seconds at the pattern's lowest rate before it.")] = 20.0,
-    drain_s: Annotated[float, typer.Option(help="Seconds after the load.")] = 25.0,
+    warm_up_s: Annotated[float, typer.Option(help="Seconds at the pattern's lowest rate before it.")] = 15.0,
+    drain_s: Annotated[float, typer.Option(help="Seconds after the load.")] = 20.0,
     backlog_target_s: Annotated[float, typer.Option(help="The job's backlog target, seconds of arrivals.")] = 20.0,
     stop_by: Annotated[str | None, typer.Option(help="HH:MM UTC: no run starts that would end after it.")] = None,
     out: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS / "workloads.json",
@@ -248,7 +248,7 @@ def main(
                 for pattern in chosen_patterns:
                     for arm in rotated(chosen_arms, round_):
                         _, load_s, _, _ = pattern_load(specs[pattern])
-                        if deadline and time.time() + warm_up_s + load_s + drain_s + 90 > deadline:
+                        if deadline and time.time() + warm_up_s + load_s + drain_s + 75 > deadline:
                             console.print(f"skipped {name} {pattern} {arm} (round {round_ + 1}): would end after "
                                           f"{stop_by} UTC")
                             continue
