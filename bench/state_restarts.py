@@ -14,7 +14,8 @@ bounded amount of work, not the whole backlog of the downtime.
 Per restart: the state's rows and memory before it; the restart as the backend measures it (from the
 stop request until the restarted query completed its first micro-batch); its state load, the restart
 less the median nearly-empty restart in the same direction (the same restart with no state to load);
-the first batch's duration beside the batches' before the stop (its excess, a cross-check of the load);
+the first batch's duration beside the batches' before the stop (its excess, a cross-check of the load)
+and, with RocksDB, the store's own load latency in that batch (`rocksdbLoadLatencyMs`);
 the restart the planner would have predicted before it from the restarts measured so far
 (`Downtimes.at_state(rows).typical(direction, first start)`); the recovery observed (from the stop
 until a batch ends with at most `--tolerance-s` of arrivals waiting; the recovery detector's default
