@@ -25,6 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,8 +37,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamWriter
-
-log = logging.getLogger(__name__)
 
 DEFAULT_INPUT_TOPIC = "demo.input"
 DEFAULT_OUTPUT_TOPIC = "demo.output"
@@ -121,8 +120,30 @@ class SinkProgress:
         os.replace(tmp, self.path)
 
 
-class KeyedCountSink:
-    """foreachBatch function: per key count and ids, produced to Kafka from the driver."""
+@dataclass(frozen=True)
+class SinkOutput:
+    """What one micro-batch becomes in a sink: `records` as (key or None, JSON value) in the order to produce,
+    `count` the output to count on the job's OutputCounter, `newest_event_time` (epoch s) the newest event
+    time in it or None."""
+
+    records: list[tuple[str | None, dict[str, Any]]]
+    count: int
+    newest_event_time: float | None = None
+
+
+class ExactlyOnceSink:
+    """foreachBatch function: each micro-batch's records produced to Kafka from the driver, exactly once
+    across graceful restarts.
+
+    Spark replays the last batch after a restart (its offsets were logged, its commit was not). The sink
+    saves a batch's id (SinkProgress) only after every record of it is delivered, and skips a batch whose id
+    is saved, so a replayed batch is written once. A batch that is not fully delivered raises: Spark stops
+    the query and redoes the batch on restart. The producer is idempotent, so Kafka's own retries add no
+    duplicates either. After a batch is saved, its output is counted on `counter`.
+
+    Subclasses say how a batch becomes records (`output`); a batch with no records creates no producer.
+    Log messages go to the subclass's module logger.
+    """
 
     def __init__(
         self,
@@ -138,6 +159,11 @@ class KeyedCountSink:
         self.progress = SinkProgress(progress_path)
         self.counter = counter
         self._producer: Any = None
+        self._log = logging.getLogger(type(self).__module__)
+
+    def output(self, batch: DataFrame, batch_id: int) -> SinkOutput:
+        """The records of one micro-batch; runs on the driver, once per batch not yet written."""
+        raise NotImplementedError
 
     def _get_producer(self) -> Any:
         if self._producer is None:
@@ -164,13 +190,17 @@ class KeyedCountSink:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         # Spark replays the last batch after a restart; it was written if its id is saved.
         if batch_id <= self.progress.last_written():
-            log.info("batch %d is already in %s; skipped", batch_id, self.topic)
+            self._log.info("batch %d is already in %s; skipped", batch_id, self.topic)
             return
-        from pyspark.sql import functions as F
+        out = self.output(batch, batch_id)
+        if out.records:
+            self._deliver(batch_id, out.records)
+        self.progress.mark_written(batch_id)
+        if self.counter is not None:
+            self.counter.add(out.count, newest_event_time=out.newest_event_time)
 
-        # One action over the batch, so the per-record wait is paid once.
-        rows = batch.groupBy("key").agg(F.count("*").alias("count"), F.collect_list("id").alias("ids")).collect()
-        records = output_records(batch_id, [(r["key"], int(r["count"]), list(r["ids"])) for r in rows])
+    def _deliver(self, batch_id: int, records: list[tuple[str | None, dict[str, Any]]]) -> None:
+        """Produce `records` and wait for every delivery; RuntimeError if one is not delivered."""
         producer = self._get_producer()
         errors: list[str] = []
 
@@ -178,12 +208,11 @@ class KeyedCountSink:
             if err is not None:
                 errors.append(str(err))
 
-        for record in records:
-            key = record["key"]
+        for key, value in records:
             producer.produce(
                 self.topic,
                 key=None if key is None else str(key).encode(),
-                value=json.dumps(record, separators=(",", ":")).encode(),
+                value=json.dumps(value, separators=(",", ":")).encode(),
                 on_delivery=delivered,
             )
             producer.poll(0)
@@ -191,6 +220,16 @@ class KeyedCountSink:
         if remaining or errors:
             # Failing the batch makes Spark stop the query; the batch is redone on restart.
             raise RuntimeError(f"batch {batch_id}: {remaining} records undelivered, errors: {errors[:3]}")
-        self.progress.mark_written(batch_id)
-        if self.counter is not None:
-            self.counter.add(len(records))
+
+
+class KeyedCountSink(ExactlyOnceSink):
+    """foreachBatch function: per key count and ids, produced to Kafka from the driver, each batch once
+    (ExactlyOnceSink). Counts the records written."""
+
+    def output(self, batch: DataFrame, batch_id: int) -> SinkOutput:
+        from pyspark.sql import functions as F
+
+        # One action over the batch, so the per-record wait is paid once.
+        rows = batch.groupBy("key").agg(F.count("*").alias("count"), F.collect_list("id").alias("ids")).collect()
+        records = output_records(batch_id, [(r["key"], int(r["count"]), list(r["ids"])) for r in rows])
+        return SinkOutput([(record["key"], record) for record in records], len(records))

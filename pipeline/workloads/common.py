@@ -14,28 +14,31 @@ Options (the job's `--option key=value` pairs; `WorkloadOptions.parse`):
 
 Output: JSON records {"batch_id", "part", "rows": [...]}, at most ROWS_PER_RECORD rows each, written from
 the driver once per micro-batch: a batch Spark replays after a restart is skipped when its id is saved
-(pipeline.demo.SinkProgress), so across graceful restarts every output row is written exactly once.
+(pipeline.demo.ExactlyOnceSink), so across graceful restarts every output row is written exactly once.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.demo import DEFAULT_BATCH_SECONDS, DEFAULT_COST_MS, SinkProgress, batch_limit, wait_per_record
+from pipeline.demo import (
+    DEFAULT_BATCH_SECONDS,
+    DEFAULT_COST_MS,
+    ExactlyOnceSink,
+    SinkOutput,
+    batch_limit,
+    wait_per_record,
+)
 from pipeline.job import JobContext
 from pipeline.reporter import OutputCounter
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamWriter
-
-log = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
@@ -158,59 +161,19 @@ def count_output(counter: OutputCounter | None, records: int, newest_event_time:
 Render = Callable[["DataFrame", int], tuple[list[dict[str, Any]], float | None]]
 
 
-class RowSink:
+class RowSink(ExactlyOnceSink):
     """foreachBatch function: the rows `render` makes of a micro-batch, produced to Kafka from the driver,
-    each batch once (see the module doc)."""
+    each batch once (ExactlyOnceSink; see the module doc). Counts the rows written with their newest
+    event time."""
 
     def __init__(self, bootstrap: str, topic: str, progress_path: Path, render: Render,
                  counter: OutputCounter | None = None, security: Mapping[str, str] | None = None):
-        self.bootstrap = bootstrap
-        self.topic = topic
+        super().__init__(bootstrap, topic, progress_path, counter, security)
         self.render = render
-        self.progress = SinkProgress(progress_path)
-        self.counter = counter
-        self.security = dict(security or {})
-        self._producer: Any = None
 
-    def _get_producer(self) -> Any:
-        if self._producer is None:
-            from confluent_kafka import Producer
-
-            from infra.kafka import ensure_topic
-
-            ensure_topic(self.bootstrap, self.topic, security=self.security)
-            self._producer = Producer({"bootstrap.servers": self.bootstrap, **self.security,
-                                       "enable.idempotence": True, "linger.ms": 5})
-        return self._producer
-
-    def close(self) -> None:
-        if self._producer is not None:
-            self._producer.flush(10)
-            self._producer.close()
-            self._producer = None
-
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        if batch_id <= self.progress.last_written():
-            log.info("batch %d is already in %s; skipped", batch_id, self.topic)
-            return
+    def output(self, batch: DataFrame, batch_id: int) -> SinkOutput:
         rows, newest = self.render(batch, batch_id)
-        if rows:
-            producer = self._get_producer()
-            errors: list[str] = []
-
-            def delivered(err: Any, _msg: Any) -> None:
-                if err is not None:
-                    errors.append(str(err))
-
-            for record in chunks(batch_id, rows):
-                producer.produce(self.topic, value=json.dumps(record, separators=(",", ":")).encode(),
-                                 on_delivery=delivered)
-                producer.poll(0)
-            remaining = producer.flush(60)
-            if remaining or errors:
-                raise RuntimeError(f"batch {batch_id}: {remaining} records undelivered, errors: {errors[:3]}")
-        self.progress.mark_written(batch_id)
-        count_output(self.counter, len(rows), newest)
+        return SinkOutput([(None, record) for record in chunks(batch_id, rows)], len(rows), newest)
 
 
 def row_sink(spark: SparkSession, ctx: JobContext, opts: WorkloadOptions, frame: DataFrame, render: Render,
