@@ -14,7 +14,8 @@ runs the workload under the pattern with the agents running (`stack.live.run_liv
 
 Time is compressed: a pattern lasts minutes, and the job's time constants shrink by COMPRESSION (its
 scale-down delay and catch-up duration; the metrics window is two windows). Each run starts after
-`--warm-up-s` at the pattern's lowest rate.
+`--warm-up-s` at the pattern's lowest rate, whose last `--watched-s` the agents watch (the job is
+registered): they have measured it at its base load when the pattern begins.
 
 Per run: the event-time latency from event to sink, mean and p95, from the sink's output rows (each row's
 newest event time, `tests.support.backends.row_event_time`, against its Kafka record's timestamp, over the
@@ -158,6 +159,7 @@ def run_one(name: str, pattern: str, spec: str, arm: str, cluster: StandaloneClu
                        {**JOB_TIMES, "backlog_target_s": str(knobs["target_s"]), **overrides},
                        max_parallelism=knobs["max_parallelism"], cost_ms=knobs["cost_ms"], drain_s=knobs["drain_s"],
                        job=f"{name}-{arm}", warm_up_s=knobs["warm_up_s"], warm_up_rate=max(low, 10.0),
+                       watched_s=knobs["watched_s"],
                        runner_args=args, parallelism=start, workload=live_workload(name, options))
     finally:
         if sampler is not None:
@@ -197,7 +199,10 @@ def main(
                                              "arm at the peak.")] = 210.0,
     cost_ms: Annotated[float, typer.Option(help="Waiting per record (the job's cost_ms).")] = 4.0,
     option: Annotated[list[str] | None, typer.Option("--option", help="Job option key=value (repeatable).")] = None,
-    warm_up_s: Annotated[float, typer.Option(help="Seconds at the pattern's lowest rate before it.")] = 15.0,
+    warm_up_s: Annotated[float, typer.Option(help="Seconds at the pattern's lowest rate before it.")] = 45.0,
+    watched_s: Annotated[float, typer.Option(help="The last seconds of the warm-up, with the agents watching the "
+                                             "job (a job in production is measured before its load changes).")]
+    = 30.0,
     drain_s: Annotated[float, typer.Option(help="Seconds after the load.")] = 20.0,
     backlog_target_s: Annotated[float, typer.Option(help="The job's backlog target, seconds of arrivals.")] = 20.0,
     stop_by: Annotated[str | None, typer.Option(help="HH:MM UTC: no run starts that would end after it.")] = None,
@@ -233,7 +238,8 @@ def main(
         pattern_load(specs[pattern])
     knobs = {"max_parallelism": max_parallelism, "static_parallelism": static_parallelism, "slot_rate": slot_rate,
              "cost_ms": cost_ms,
-             "options": options, "warm_up_s": warm_up_s, "drain_s": drain_s, "target_s": backlog_target_s}
+             "options": options, "warm_up_s": warm_up_s, "watched_s": watched_s, "drain_s": drain_s,
+             "target_s": backlog_target_s}
     deadline = end_by(stop_by)
     workdir = Path(tempfile.mkdtemp(prefix="workloads-"))
     broker, redis = start_broker(log_path=workdir / "broker.log"), start_redis(log_path=workdir / "redis.log")

@@ -86,8 +86,12 @@ def load_start(run: LiveRun) -> float:
 
 def live_measures(run: LiveRun, backlog_target_s: float, initial_parallelism: int = 1) -> dict[str, Any]:
     """The simulator's measures from what the agents published: windows (arrival, backlog) and the
-    completed rescales (the parallelism is paid from the moment the job stopped for it)."""
-    windows = sorted((a for a in run.analyses if a.arrival_rate is not None), key=lambda a: a.window_end)
+    completed rescales (the parallelism is paid from the moment the job stopped for it). The windows of a
+    watched warm-up (`LiveRun.watched_s`), which end before the load began, are left out."""
+    load_began = load_start(run)
+    since = load_began if run.watched_s > 0 else -math.inf
+    windows = sorted((a for a in run.analyses if a.arrival_rate is not None and a.window_end > since),
+                     key=lambda a: a.window_end)
     if not windows:
         raise RuntimeError("the live run published no analysis with an arrival rate")
     begin, end = windows[0].window_end - WINDOW_S, windows[-1].window_end
@@ -99,7 +103,6 @@ def live_measures(run: LiveRun, backlog_target_s: float, initial_parallelism: in
         paid += p * (at - t)
         t, p = at, to
     paid += p * (end - t)
-    load_began = load_start(run)
     lags = np.array([(a.backlog or 0) / a.arrival_rate if a.arrival_rate else 0.0 for a in windows])
     beyond = sum(WINDOW_S for a in windows if (a.backlog or 0) > backlog_target_s * (a.arrival_rate or 0.0))
     return {"slot_seconds": paid, "beyond_target_s": beyond, "lag_p95_s": float(np.percentile(lags, 95)),

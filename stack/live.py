@@ -15,8 +15,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import Popen
+from typing import Any
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Message
 
 from contracts.analyses import Analysis
 from contracts.decisions import EventType, ScalingDecision, ScalingEvent
@@ -62,6 +63,7 @@ class LiveRun:
     load_summary: dict[str, object] = field(default_factory=dict)
     input_topic: str = ""
     output_topic: str = ""
+    watched_s: float = 0.0  # the agents watched the job this long before the load (`run_live`)
 
     def of(self, kind: EventType) -> list[ScalingEvent]:
         return [e for e in self.events if e.type is kind]
@@ -105,6 +107,7 @@ def run_live(
     job: str = JOB,
     warm_up_s: float = 0.0,
     warm_up_rate: float = 50.0,
+    watched_s: float = 0.0,
     runner_args: list[str] | None = None,
     parallelism: int = 1,
     workload: LiveWorkload = ENRICH,
@@ -115,7 +118,10 @@ def run_live(
     (the agents dead-letter its reports until then, so they learn nothing from it): Spark's cost per
     micro-batch falls over a new process's first minutes (docs/spark.md), which a job in production
     has long behind it but a replay compressed into minutes would magnify. Warm-up records have ids
-    from WARM_UP_FIRST_ID on. `runner_args` go to `autoscaler job run` (a cluster's `--master`, the
+    from WARM_UP_FIRST_ID on. With `watched_s` the job is registered that long before the load starts,
+    the warm-up's rate going on meanwhile: the agents have measured the job at its base load when the
+    load's pattern begins, as they would have a job in production (what they publish then is kept too).
+    `runner_args` go to `autoscaler job run` (a cluster's `--master`, the
     `--backend`, Spark `--conf`s), which starts the job at `parallelism`. `workload` says which job
     runs and what its load sends (default the demo job and its records); its entry point is added to
     the runner's allowed entry points. The broker and Redis of `settings` must be running."""
@@ -142,26 +148,21 @@ def run_live(
     try:
         # The load comes to a running job, as it would to a job in production (whose start-up is not scaled).
         wait_until_running(runner, workdir / "runner.log")
-        if warm_up_s > 0:
-            warm_up(settings, input_topic, workdir, warm_up_s, warm_up_rate, follow, workload.load_args())
-            register_jobs(settings, [job], **config)
-        load = start_load(settings, input_topic, workdir / "load.log", load_args)
         result = LiveRun(started=time.time(), input_topic=input_topic, output_topic=output_topic)
-        parsers = {settings.topics.analyses: (Analysis, result.analyses),
-                   settings.topics.decisions: (ScalingDecision, result.decisions),
-                   settings.topics.scaling_events: (ScalingEvent, result.events)}
-        seen: set[tuple[str, int, int]] = set()
+        keep = Keeper(settings, job, result)
+        if warm_up_s > 0:
+            unwatched = max(0.0, warm_up_s - watched_s)
+            if unwatched > 0:
+                warm_up(settings, input_topic, workdir, unwatched, warm_up_rate, follow, workload.load_args())
+            register_jobs(settings, [job], **config)
+            if watched_s > 0:
+                warm_up(settings, input_topic, workdir, min(watched_s, warm_up_s), warm_up_rate, follow,
+                        workload.load_args(), keep=keep)
+        load = start_load(settings, input_topic, workdir / "load.log", load_args)
+        result.started, result.watched_s = time.time(), min(watched_s, warm_up_s)
         drain_until = None
         while drain_until is None or time.time() < drain_until:
-            msg = follow.poll(0.2)
-            if msg is not None and not msg.error() and msg.topic() in parsers:
-                model, into = parsers[msg.topic()]
-                item = model.model_validate_json(msg.value())
-                # A consumer that rejoins its group reads again from its last commit: keep each once.
-                key = (msg.topic(), msg.partition(), msg.offset())
-                if item.job_id == job and key not in seen:
-                    seen.add(key)
-                    into.append(item)  # type: ignore[arg-type]
+            keep(follow.poll(0.2))
             if drain_until is None and load.poll() is not None:
                 drain_until = time.time() + drain_s
         lines = (workdir / "load.log").read_text().strip().splitlines()
@@ -179,11 +180,35 @@ def run_live(
     return result
 
 
+class Keeper:
+    """Keeps what the agents publish about `job` in a `LiveRun`, each message once (a consumer that
+    rejoins its group reads again from its last commit)."""
+
+    def __init__(self, settings: Settings, job: str, into: LiveRun) -> None:
+        self.job = job
+        self.parsers: dict[str, tuple[type[Analysis] | type[ScalingDecision] | type[ScalingEvent], list[Any]]] = {
+            settings.topics.analyses: (Analysis, into.analyses),
+            settings.topics.decisions: (ScalingDecision, into.decisions),
+            settings.topics.scaling_events: (ScalingEvent, into.events)}
+        self.seen: set[tuple[str, int, int]] = set()
+
+    def __call__(self, msg: Message | None) -> None:
+        if msg is None or msg.error() or msg.topic() not in self.parsers:
+            return
+        model, into = self.parsers[msg.topic()]
+        item = model.model_validate_json(msg.value())
+        key = (msg.topic(), msg.partition(), msg.offset())
+        if item.job_id == self.job and key not in self.seen:
+            self.seen.add(key)
+            into.append(item)
+
+
 def warm_up(settings: Settings, topic: str, workdir: Path, seconds: float, rate: float, follow: Consumer,
-            record_args: list[str] | None = None) -> None:
-    """A constant `rate` into `topic` for `seconds` (`run_live`), the follower kept polling meanwhile;
-    `record_args` choose the records (the load generator's `--records`)."""
-    load = start_load(settings, topic, workdir / "warm-up.log",
+            record_args: list[str] | None = None, keep: Keeper | None = None) -> None:
+    """A constant `rate` into `topic` for `seconds` (`run_live`), the follower kept polling meanwhile (what
+    it reads goes to `keep`, if given); `record_args` choose the records (the load generator's `--records`)."""
+    log = workdir / f"warm-up{'-watched' if keep else ''}.log"
+    load = start_load(settings, topic, log,
                       ["--shape", f"constant:{rate:g}", "--duration", f"{seconds:g}",
                        "--start-id", str(WARM_UP_FIRST_ID), *(record_args or [])])
     deadline = time.time() + seconds + 120
@@ -191,8 +216,10 @@ def warm_up(settings: Settings, topic: str, workdir: Path, seconds: float, rate:
         while load.poll() is None:
             if time.time() > deadline:
                 raise TimeoutError(f"the warm-up load did not end within {seconds + 120:.0f} s; see {workdir}")
-            follow.poll(0.2)  # nothing of the job's yet (it is not registered): its group membership stays alive
+            msg = follow.poll(0.2)  # polled so that its group membership stays alive
+            if keep is not None:
+                keep(msg)
     finally:
         stop_pid(load.pid, timeout=10, process=load)
     if load.returncode not in (0, None):
-        raise RuntimeError(f"the warm-up load failed ({load.returncode}); see {workdir / 'warm-up.log'}")
+        raise RuntimeError(f"the warm-up load failed ({load.returncode}); see {log}")
