@@ -3,8 +3,8 @@
 Starts a broker and Redis of its own and a standalone cluster from the pyspark wheel (two workers of
 `--max-parallelism` / 2 cores each), then, per round (`--repeats`), per workload (`--workload`, default
 every one in `pipeline.workloads`), per pattern (`--pattern`: `step`, a step up of the load, and `cosine`,
-one period of the load generator's `sine` shape) and per arm (`--arm`, each round starting one arm later),
-runs the workload under the pattern with the agents running (`stack.live.run_live`):
+one period of the load generator's `cosine` shape, from its trough) and per arm (`--arm`, each round
+starting one arm later), runs the workload under the pattern with the agents running (`stack.live.run_live`):
 
 - `inplace`: the default policy, executors changed in place on the cluster;
 - `restart`: the default policy, the query restarted from its checkpoint, in local mode;
@@ -70,7 +70,7 @@ COMPRESSION = 10.0
 JOB_TIMES = {"scale_down_delay_s": f"{300 / COMPRESSION:g}", "catch_up_duration_s": f"{300 / COMPRESSION:g}",
              "metrics_window_s": f"{2 * WINDOW_S:g}"}
 TARGET_UTILIZATION = 0.7  # the default job configuration's
-PATTERNS = {"step": "steps:100:30,400:90", "cosine": "sine:240:160:120"}
+PATTERNS = {"step": "steps:100:30,400:90", "cosine": "cosine:240:160:120"}
 LOCAL_ARMS = ("restart",)
 MEASURES = {"latency_mean_s": ".1f", "latency_p95_s": ".1f", "output_lag_p95_s": ".1f", "slot_seconds": ".0f",
             "lost": ".0f", "duplicated": ".0f", "recovery_error": ".2f"}
@@ -79,8 +79,8 @@ app = typer.Typer(add_completion=False, help=__doc__)
 
 
 def pattern_load(spec: str) -> tuple[list[str], float, float, float]:
-    """A pattern's load arguments, its duration, its lowest and its highest rate (a sine shape lasts one
-    period)."""
+    """A pattern's load arguments, its duration, its lowest and its highest rate (a sine or cosine shape
+    lasts one period)."""
     shape = parse_shape(spec)
     duration = shape.duration_s or float(spec.rsplit(":", 1)[1])
     rates = [shape.rate(t / 2) for t in range(int(2 * duration))]
@@ -191,7 +191,8 @@ def main(
     arms: Annotated[list[str] | None, typer.Option("--arm", help=f"{', '.join(WORKLOAD_ARMS)}; default all.")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Rounds; each round starts one arm later.")] = 1,
     step: Annotated[str, typer.Option(help="The step pattern's load (a steps: shape).")] = PATTERNS["step"],
-    cosine: Annotated[str, typer.Option(help="The cosine pattern's load (sine:MEAN:AMP:PERIOD, one period).")]
+    cosine: Annotated[str, typer.Option(help="The cosine pattern's load (cosine:MEAN:AMP:PERIOD, one period from "
+                                        "its trough).")]
     = PATTERNS["cosine"],
     max_parallelism: Annotated[int, typer.Option(help="Executors at most (the cluster's cores).")] = 4,
     static_parallelism: Annotated[int, typer.Option(help="The static arm's; 0: the peak's (--slot-rate).")] = 0,

@@ -15,6 +15,8 @@ Shapes (`--shape`):
   constant:RATE                       RATE records/s
   steps:RATE1:SECS1,RATE2:SECS2,...   each rate for its seconds, in turn
   sine:MEAN:AMPLITUDE:PERIOD          MEAN + AMPLITUDE * sin(2 pi t / PERIOD)
+  cosine:MEAN:AMPLITUDE:PERIOD        MEAN - AMPLITUDE * cos(2 pi t / PERIOD): from the trough, the
+                                      usual load pattern of stream autoscaler evaluations
 or a `Replay` of recorded rates (`autoscaler load run --trace FILE` reads a trace file with the
 evaluation's trace loader, scaled to a chosen peak, mean or min..max range, and replays it at
 `seconds_per_row` seconds per row: time-compressed when that is shorter than the trace's own resolution).
@@ -81,9 +83,12 @@ class Sine:
     amplitude: float
     period_s: float
     duration_s: float | None = None
+    from_trough: bool = False  # MEAN - AMPLITUDE * cos(...): a period from its trough (`cosine:`)
 
     def rate(self, t: float) -> float:
-        return max(0.0, self.mean + self.amplitude * math.sin(2 * math.pi * t / self.period_s))
+        angle = 2 * math.pi * t / self.period_s
+        wave = -math.cos(angle) if self.from_trough else math.sin(angle)
+        return max(0.0, self.mean + self.amplitude * wave)
 
 
 @dataclass(frozen=True)
@@ -123,14 +128,15 @@ def parse_shape(spec: str, duration_s: float | None = None) -> Shape:
             if not steps or any(r < 0 or s <= 0 for r, s in steps):
                 raise ValueError("rates must be >= 0 and seconds > 0")
             return Steps(tuple(steps))
-        if kind == "sine":
+        if kind in ("sine", "cosine"):
             mean, amplitude, period = (float(x) for x in rest.split(":"))
             if period <= 0:
                 raise ValueError("the period must be > 0")
-            return Sine(mean, amplitude, period, duration_s)
+            return Sine(mean, amplitude, period, duration_s, from_trough=kind == "cosine")
     except ValueError as exc:
         raise ValueError(f"bad shape {spec!r}: {exc}") from None
-    raise ValueError(f"unknown shape {spec!r}: constant:RATE, steps:R1:S1,R2:S2,... or sine:MEAN:AMP:PERIOD")
+    raise ValueError(f"unknown shape {spec!r}: constant:RATE, steps:R1:S1,R2:S2,..., sine:MEAN:AMP:PERIOD or "
+                     "cosine:MEAN:AMP:PERIOD")
 
 
 # ---------------------------------------------------------------- pacing (pure)

@@ -24,7 +24,9 @@ def test_parse_shapes() -> None:
     assert steps == Steps(((100.0, 5.0), (400.0, 10.0)))
     assert steps.duration_s == 15.0
     assert parse_shape("sine:500:200:60", 120) == Sine(500.0, 200.0, 60.0, 120)
-    for bad in ("square:1", "steps:100", "steps:100:0", "sine:1:2", "constant:x"):
+    cosine = parse_shape("cosine:500:200:60", 60)
+    assert [round(cosine.rate(t)) for t in (0, 15, 30, 45)] == [300, 500, 700, 500]  # from the trough
+    for bad in ("square:1", "steps:100", "steps:100:0", "sine:1:2", "cosine:1:2:0", "constant:x"):
         with pytest.raises(ValueError):
             parse_shape(bad)
 
