@@ -44,7 +44,8 @@ def _load() -> None:
 def run(
     shape: Annotated[
         str | None,
-        typer.Option("--shape", help="constant:RATE | steps:R1:S1,R2:S2,... | sine:MEAN:AMPLITUDE:PERIOD"),
+        typer.Option("--shape", help="constant:RATE | steps:R1:S1,R2:S2,... | sine:MEAN:AMPLITUDE:PERIOD | "
+                     "cosine:MEAN:AMPLITUDE:PERIOD (from the trough)"),
     ] = None,
     trace: Annotated[Path | None, typer.Option("--trace", help="A `second|count` or `date,messages` CSV.")] = None,
     duration: Annotated[float | None, typer.Option("--duration", help="Seconds; default the shape's end.")] = None,

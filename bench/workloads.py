@@ -117,9 +117,10 @@ def measure(run: LiveRun, name: str, options: dict[str, str], bootstrap: str, be
     latency = latency_summary(event_time_latencies((t, r) for t, r in outputs if t >= began))
     lags = latency_summary([a.output_lag_s for a in run.analyses
                             if a.output_lag_s is not None and began <= a.window_end <= end])
+    since = began if run.watched_s > 0 else None  # a watched warm-up's actions are not the pattern's
     switches = [(e.timestamp - (e.downtime_s or 0.0), e.to_parallelism) for e in run.of(EventType.COMPLETED)]
     timeline = samples if samples is not None else parallelism_samples(began, start, switches)
-    recoveries = recovery_errors(run.recoveries())
+    recoveries = recovery_errors(run.recoveries(since))
     try:
         agents = live_measures(run, target_s, initial_parallelism=start)
     except RuntimeError:
@@ -130,7 +131,7 @@ def measure(run: LiveRun, name: str, options: dict[str, str], bootstrap: str, be
         "slot_seconds": round(executor_seconds(timeline, began, end), 1),
         "slot_source": "master" if samples is not None else "parallelism",
         "max_executors": max((c for t, c in timeline if began <= t <= end), default=start),
-        "actions": len(run.of(EventType.COMPLETED)), "failed": len(run.of(EventType.FAILED)),
+        "actions": len(run.of(EventType.COMPLETED, since)), "failed": len(run.of(EventType.FAILED, since)),
         "executor_changes": changes(samples, began, end) if samples is not None else None,
         "input_records": len(inputs), "output_records": len(outputs), "closed_before": bound,
         **counts,
@@ -201,8 +202,8 @@ def main(
     cost_ms: Annotated[float, typer.Option(help="Waiting per record (the job's cost_ms).")] = 4.0,
     option: Annotated[list[str] | None, typer.Option("--option", help="Job option key=value (repeatable).")] = None,
     warm_up_s: Annotated[float, typer.Option(help="Seconds at the pattern's lowest rate before it.")] = 45.0,
-    watched_s: Annotated[float, typer.Option(help="The last seconds of the warm-up, with the agents watching the "
-                                             "job (a job in production is measured before its load changes).")]
+    watched_s: Annotated[float, typer.Option(min=0, help="The last seconds of the warm-up, with the agents watching "
+                                             "the job (a job in production is measured before its load changes).")]
     = 30.0,
     drain_s: Annotated[float, typer.Option(help="Seconds after the load.")] = 20.0,
     backlog_target_s: Annotated[float, typer.Option(help="The job's backlog target, seconds of arrivals.")] = 20.0,
@@ -229,6 +230,8 @@ def main(
     specs = {"step": step, "cosine": cosine}
     chosen_patterns = patterns or list(PATTERNS)
     options = dict(pair.split("=", 1) for pair in option or [])
+    if watched_s > warm_up_s:
+        raise typer.BadParameter(f"at most --warm-up-s ({warm_up_s:g})", param_hint="--watched-s")
     for arm in chosen_arms:
         workload_arm_setup(arm, "spark://x:1", max_parallelism, 1)  # an unknown arm fails before anything starts
     for name in names:

@@ -86,15 +86,18 @@ def load_start(run: LiveRun) -> float:
 
 def live_measures(run: LiveRun, backlog_target_s: float, initial_parallelism: int = 1) -> dict[str, Any]:
     """The simulator's measures from what the agents published: windows (arrival, backlog) and the
-    completed rescales (the parallelism is paid from the moment the job stopped for it). The windows of a
-    watched warm-up (`LiveRun.watched_s`), which end before the load began, are left out."""
+    completed rescales (the parallelism is paid from the moment the job stopped for it). A watched
+    warm-up's (`LiveRun.watched_s`) windows and actions, before the load began, are left out; its
+    rescales still set the parallelism the load began at."""
     load_began = load_start(run)
-    since = load_began if run.watched_s > 0 else -math.inf
+    watched = run.watched_s > 0
+    since = load_began if watched else -math.inf
     windows = sorted((a for a in run.analyses if a.arrival_rate is not None and a.window_end > since),
                      key=lambda a: a.window_end)
     if not windows:
         raise RuntimeError("the live run published no analysis with an arrival rate")
-    begin, end = windows[0].window_end - WINDOW_S, windows[-1].window_end
+    begin, end = max(windows[0].window_end - WINDOW_S, since), windows[-1].window_end
+    after = load_began if watched else None
     switches = sorted((e.timestamp - (e.downtime_s or 0.0), e.to_parallelism)
                       for e in run.of(EventType.COMPLETED))
     paid, t, p = 0.0, begin, initial_parallelism
@@ -107,10 +110,10 @@ def live_measures(run: LiveRun, backlog_target_s: float, initial_parallelism: in
     beyond = sum(WINDOW_S for a in windows if (a.backlog or 0) > backlog_target_s * (a.arrival_rate or 0.0))
     return {"slot_seconds": paid, "beyond_target_s": beyond, "lag_p95_s": float(np.percentile(lags, 95)),
             "peak_backlog": float(max(a.backlog or 0 for a in windows)),
-            "lag_max_s": float(lags.max()), "actions": len(run.of(EventType.COMPLETED)),
-            "failed": len(run.of(EventType.FAILED)), "windows": len(windows), "span_s": end - begin,
+            "lag_max_s": float(lags.max()), "actions": len(run.of(EventType.COMPLETED, after)),
+            "failed": len(run.of(EventType.FAILED, after)), "windows": len(windows), "span_s": end - begin,
             "start_s": round(begin - load_began, 1),
-            "downtimes_s": [e.downtime_s for e in run.of(EventType.COMPLETED)]}
+            "downtimes_s": [e.downtime_s for e in run.of(EventType.COMPLETED, after)]}
 
 
 def simulated_replay(trace_name: str, policy: str, settings: EvalSettings, minutes: float,

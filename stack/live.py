@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import Popen
@@ -65,14 +66,16 @@ class LiveRun:
     output_topic: str = ""
     watched_s: float = 0.0  # the agents watched the job this long before the load (`run_live`)
 
-    def of(self, kind: EventType) -> list[ScalingEvent]:
-        return [e for e in self.events if e.type is kind]
+    def of(self, kind: EventType, since: float | None = None) -> list[ScalingEvent]:
+        """The events of `kind`, those from `since` on (epoch seconds) if given."""
+        return [e for e in self.events if e.type is kind and (since is None or e.timestamp >= since)]
 
-    def recoveries(self) -> list[dict[str, float | int | None]]:
-        """Each observed recovery after a rescale, with the recovery time predicted when it was decided."""
+    def recoveries(self, since: float | None = None) -> list[dict[str, float | int | None]]:
+        """Each observed recovery after a rescale (from `since` on, if given), with the recovery time
+        predicted when it was decided."""
         return [{"at_s": round(e.timestamp - self.started, 1), "from": e.from_parallelism, "to": e.to_parallelism,
                  "predicted_s": e.numbers.get("predicted_s"), "observed_s": e.numbers.get("observed_s"),
-                 "error_s": e.numbers.get("error_s")} for e in self.of(EventType.RECOVERED)]
+                 "error_s": e.numbers.get("error_s")} for e in self.of(EventType.RECOVERED, since)]
 
     def decision_rows(self, since: float) -> list[dict[str, object]]:
         """Every decision, holds too, with the numbers the policy planned with: its window's end in
@@ -118,13 +121,16 @@ def run_live(
     (the agents dead-letter its reports until then, so they learn nothing from it): Spark's cost per
     micro-batch falls over a new process's first minutes (docs/spark.md), which a job in production
     has long behind it but a replay compressed into minutes would magnify. Warm-up records have ids
-    from WARM_UP_FIRST_ID on. With `watched_s` the job is registered that long before the load starts,
-    the warm-up's rate going on meanwhile: the agents have measured the job at its base load when the
-    load's pattern begins, as they would have a job in production (what they publish then is kept too).
+    from WARM_UP_FIRST_ID on. With `watched_s` (at most `warm_up_s`) the job is registered that long
+    before the warm-up ends, its load going on: the agents have measured the job at its base load when
+    the load's pattern begins, as they would have a job in production (what they publish then is kept
+    too, and `LiveRun.watched_s` says so).
     `runner_args` go to `autoscaler job run` (a cluster's `--master`, the
     `--backend`, Spark `--conf`s), which starts the job at `parallelism`. `workload` says which job
     runs and what its load sends (default the demo job and its records); its entry point is added to
     the runner's allowed entry points. The broker and Redis of `settings` must be running."""
+    if not 0 <= watched_s <= max(warm_up_s, 0.0):
+        raise ValueError(f"watched_s must be within 0..warm_up_s ({warm_up_s:g}), not {watched_s:g}")
     run = settings.topics.metrics.split(".")[0]
     input_topic, output_topic = f"{run}.{workload.topic_name}.input", f"{run}.{workload.topic_name}.output"
     if workload.entry_point not in settings.job_entry_points:
@@ -151,15 +157,10 @@ def run_live(
         result = LiveRun(started=time.time(), input_topic=input_topic, output_topic=output_topic)
         keep = Keeper(settings, job, result)
         if warm_up_s > 0:
-            unwatched = max(0.0, warm_up_s - watched_s)
-            if unwatched > 0:
-                warm_up(settings, input_topic, workdir, unwatched, warm_up_rate, follow, workload.load_args())
-            register_jobs(settings, [job], **config)
-            if watched_s > 0:
-                warm_up(settings, input_topic, workdir, min(watched_s, warm_up_s), warm_up_rate, follow,
-                        workload.load_args(), keep=keep)
+            warm_up(settings, input_topic, workdir, warm_up_s, warm_up_rate, follow, workload.load_args(),
+                    watch=(watched_s, lambda: register_jobs(settings, [job], **config), keep))
         load = start_load(settings, input_topic, workdir / "load.log", load_args)
-        result.started, result.watched_s = time.time(), min(watched_s, warm_up_s)
+        result.started, result.watched_s = time.time(), watched_s if warm_up_s > 0 else 0.0
         drain_until = None
         while drain_until is None or time.time() < drain_until:
             keep(follow.poll(0.2))
@@ -204,22 +205,31 @@ class Keeper:
 
 
 def warm_up(settings: Settings, topic: str, workdir: Path, seconds: float, rate: float, follow: Consumer,
-            record_args: list[str] | None = None, keep: Keeper | None = None) -> None:
-    """A constant `rate` into `topic` for `seconds` (`run_live`), the follower kept polling meanwhile (what
-    it reads goes to `keep`, if given); `record_args` choose the records (the load generator's `--records`)."""
-    log = workdir / f"warm-up{'-watched' if keep else ''}.log"
-    load = start_load(settings, topic, log,
+            record_args: list[str] | None = None,
+            watch: tuple[float, Callable[[], None], Keeper] | None = None) -> None:
+    """A constant `rate` into `topic` for `seconds` (`run_live`), one load, the follower kept polling
+    meanwhile; `record_args` choose the records (the load generator's `--records`). `watch` = (seconds,
+    register, keep): `register` is called that many seconds before the end (at the start if none), and
+    from then on what the follower reads goes to `keep`."""
+    load = start_load(settings, topic, workdir / "warm-up.log",
                       ["--shape", f"constant:{rate:g}", "--duration", f"{seconds:g}",
                        "--start-id", str(WARM_UP_FIRST_ID), *(record_args or [])])
-    deadline = time.time() + seconds + 120
+    began = time.time()
+    register_at = began + seconds - (watch[0] if watch else 0.0)
+    keep: Keeper | None = None
     try:
         while load.poll() is None:
-            if time.time() > deadline:
+            if time.time() > began + seconds + 120:
                 raise TimeoutError(f"the warm-up load did not end within {seconds + 120:.0f} s; see {workdir}")
+            if watch is not None and keep is None and time.time() >= register_at:
+                watch[1]()
+                keep = watch[2]
             msg = follow.poll(0.2)  # polled so that its group membership stays alive
             if keep is not None:
                 keep(msg)
     finally:
         stop_pid(load.pid, timeout=10, process=load)
     if load.returncode not in (0, None):
-        raise RuntimeError(f"the warm-up load failed ({load.returncode}); see {log}")
+        raise RuntimeError(f"the warm-up load failed ({load.returncode}); see {workdir / 'warm-up.log'}")
+    if watch is not None and keep is None:  # the load ended early: the job is registered all the same
+        watch[1]()

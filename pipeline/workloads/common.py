@@ -151,12 +151,6 @@ def output_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [row for record in records for row in record["rows"]]
 
 
-def count_output(counter: OutputCounter | None, records: int, newest_event_time: float | None) -> None:
-    """Count what a sink wrote with the newest event time in it (the reporter's output event-time lag)."""
-    if counter is not None:
-        counter.add(records, newest_event_time=newest_event_time)
-
-
 # (micro-batch, batch id) -> (output rows, newest event time in them or None); runs on the driver.
 Render = Callable[["DataFrame", int], tuple[list[dict[str, Any]], float | None]]
 

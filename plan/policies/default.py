@@ -333,8 +333,8 @@ class CostPlanner:
     def expected_rates(self, memory: PlannerMemory, analysis: Analysis, expected: PlanProblem
                        ) -> tuple[list[float], float]:
         """The arrivals a recovery prediction expects (values, step): from the rate now, as a trusted
-        forecast expects them to change, falling ones too (the planned rates never fall below the level),
-        from the rate now (`rate_now`, on the point estimate; a falling trend counts too)."""
+        forecast expects them to change, falling ones too (the planned rates never fall below the rate they
+        start from), from the rate now (`rate_now`, on the point estimate; a falling trend counts too)."""
         now = self.rate_now(memory, analysis.window_end, 0.0)
         rates = planned_rates(now or float(expected.rates[0]), analysis.forecast, analysis.window_end,
                               len(expected.rates), self.step_s, memory.skill.trusted(), band=0.0, floor=False)

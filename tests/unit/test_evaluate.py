@@ -303,6 +303,35 @@ def test_live_runs_are_measured_as_simulated_ones() -> None:
     assert rows[0]["numbers"] == {"planned_rate_now": 100.0}
 
 
+def test_a_watched_warm_ups_windows_and_actions_are_not_the_loads() -> None:
+    from contracts.analyses import Analysis
+    from contracts.decisions import EventType, ScalingEvent
+    from evaluation.live import live_measures
+    from stack.live import LiveRun
+
+    def window(end: float, arrival: float, backlog: int) -> Analysis:
+        return Analysis(job_id="j", window_end=end, parallelism=2, valid=True, true_processing_rate=200.0,
+                        true_output_rate=200.0, observed_processing_rate=arrival, utilization=0.5,
+                        arrival_rate=arrival, backlog=backlog, closed_at=end)
+
+    # Watched for 30 s before the load began at 100 s; the job went 1 -> 2 at 80 s, in the warm-up.
+    run = LiveRun(started=100.0, watched_s=30.0, load_summary={"began_at": 100.0})
+    run.analyses = [window(t, 50.0, 20_000 if t < 100 else 100) for t in range(75, 200, 10)]
+    completed = ScalingEvent(decision_id="d", job_id="j", type=EventType.COMPLETED, timestamp=80.0,
+                             from_parallelism=1, to_parallelism=2, downtime_s=1.0)
+    recovered = ScalingEvent(decision_id="d", job_id="j", type=EventType.RECOVERED, timestamp=90.0,
+                             from_parallelism=1, to_parallelism=2, numbers={"observed_s": 5.0, "predicted_s": 4.0})
+    run.events = [completed, recovered]
+    measured = live_measures(run, backlog_target_s=60.0)
+    assert measured["actions"] == 0 and measured["downtimes_s"] == []
+    assert measured["beyond_target_s"] == 0.0 and measured["peak_backlog"] == 100  # the warm-up's windows out
+    assert measured["slot_seconds"] == pytest.approx(2 * (195 - 100))  # from the load's start, at the 2 it began at
+    assert measured["start_s"] == 0.0
+    assert run.recoveries(since=100.0) == [] and len(run.recoveries()) == 1
+    unwatched = LiveRun(started=100.0, load_summary={"began_at": 100.0}, analyses=run.analyses, events=run.events)
+    assert live_measures(unwatched, backlog_target_s=60.0)["actions"] == 1
+
+
 def test_a_simulated_run_measured_as_live_leaves_out_the_windows_the_job_was_down() -> None:
     # 10-s windows, as live: the demo job's 22.7-s scale-up leaves a whole window without a report.
     trace = replay(builtin_series("sine"), hours=0.1, rate=300.0, window_s=10.0)

@@ -27,7 +27,6 @@ from pipeline.workloads.common import (
     ROCKSDB_PROVIDER,
     WorkloadOptions,
     chunks,
-    count_output,
     output_rows,
 )
 from pipeline.workloads.nexmark_queries import hot_items
@@ -108,9 +107,8 @@ def test_output_is_chunked_and_read_back_in_order() -> None:
 
 def test_output_is_counted_with_its_event_time_when_the_counter_takes_it() -> None:
     counter = OutputCounter()
-    count_output(counter, 3, 100.0)
-    count_output(counter, 2, None)
-    count_output(None, 5, 1.0)
+    counter.add(3, newest_event_time=100.0)
+    counter.add(2, newest_event_time=None)
     assert counter.take() == 5 and counter.newest_event_time() == 100.0
 
 
