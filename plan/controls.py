@@ -141,9 +141,13 @@ def check_scale_up_effectiveness(
 
 
 def heading_beyond_target(analysis: Analysis, config: JobConfig) -> bool:
-    """Whether the backlog, growing as it does, passes its target within the target's own time."""
+    """Whether the backlog, growing as it does, passes its target within the target's own time. It grows
+    at least by the arrivals beyond the job's capacity (its slots times DS2's true rate): the growth the
+    monitor measured between a window's reports is 0 when the window holds one (a job whose micro-batches
+    outlast the report interval reports once per batch, exactly when it falls behind)."""
     backlog, arrival = float(analysis.backlog or 0), analysis.arrival_rate or 0.0
-    growth = max(0.0, analysis.backlog_growth_rate or 0.0)
+    shortfall = arrival - analysis.parallelism * analysis.true_processing_rate
+    growth = max(0.0, analysis.backlog_growth_rate or 0.0, shortfall)
     return backlog + growth * config.backlog_target_s > config.backlog_target_s * arrival
 
 

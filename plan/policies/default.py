@@ -5,8 +5,7 @@ After QEScalor's cost-based elastic scaling (QCESA) and Daedalus's long-lived de
 is `plan.cost_plan` (dynamic programming over time x parallelism with the backlog carried). What it
 plans with, each an estimate on the safe side:
 - arrivals: the upper quantile of the arrival level since the last level shift (`plan.level`, a
-  CUSUM detector), or where the recent rates rise, their trend line's end if higher (`rate_now`),
-  and over the horizon the upper quantile of analyze's forecast where it is higher,
+  CUSUM detector), and over the horizon the upper quantile of analyze's forecast where it is higher,
   while the forecast's predicted changes have come true (`plan.forecast_skill`);
 - capacity (`plan.capacity_estimate`): the DS2 true rate measured at each parallelism the job ran at
   (records per busy second per slot, averaged; `known`), extrapolated to the others along a power law
@@ -211,7 +210,7 @@ class CostPlanner:
                 quantiles: bool = True) -> PlanProblem | None:
         """The planning problem this window poses; None while the arrival level or capacity is unknown.
         Without `quantiles`, with the point estimates (the mean level and capacities)."""
-        level = self.rate_now(memory, analysis.window_end, self.rate_z if quantiles else 0.0, rises_only=True)
+        level = memory.level.upper_level(self.rate_z if quantiles else 0.0)
         planned = dict(planned_capacity(config.planned_capacity))
         if level is None or not (memory.known or planned):
             return None
@@ -317,16 +316,17 @@ class CostPlanner:
         return keeping, point_best if point_best.first != kept else point_next
 
     @staticmethod
-    def rate_now(memory: PlannerMemory, now: float, z: float, rises_only: bool = False) -> float | None:
+    def rate_now(memory: PlannerMemory, now: float, z: float) -> float | None:
         """The arrival rate now: the level's upper `z` quantile (the mean since the last shift), or where
-        the recent rates rise (or, unless `rises_only`, fall) the one further along the change of it and
-        their trend line's end (`plan.level`). Each lags where the other does not: the level on a ramp (a
-        scale-up planned or predicted from it came late and recovered in twice the time predicted,
-        simulated and live), the line across a step. Neither is extrapolated: near a peak or a trough the
-        trend would run past it. None before the first window."""
+        the recent rates rise or fall, the one further along the change of it and their trend line's end
+        (`plan.level`). Each lags where the other does not: the level on a ramp (a scale-up predicted from
+        it recovered in twice the time predicted, simulated and live), the line across a step. Neither is
+        extrapolated: near a peak or a trough the trend would run past it. None before the first window.
+        (The plan itself starts from the level: planned from this rate on a rise, a steady load's noise
+        sometimes showed a rise and flipped a recommendation; docs/results.md.)"""
         level = memory.level.upper_level(z)
         trend = memory.level.trend(now)
-        if level is None or trend is None or trend.slope == 0 or (rises_only and trend.slope < 0):
+        if level is None or trend is None or trend.slope == 0:
             return level
         return max(level, trend.rate) if trend.slope > 0 else min(level, trend.rate)
 

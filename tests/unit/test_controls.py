@@ -328,3 +328,21 @@ def test_noisy_steady_load_for_30_minutes_leads_to_no_scaling_action(seed: int) 
 
 def test_without_band_delay_and_averaging_the_same_noise_churns() -> None:
     assert actions(noisy_steady_windows(7), config()) > 10
+
+
+def test_a_backlog_heads_beyond_its_target_by_the_arrivals_beyond_capacity_when_its_growth_is_not_measured() -> None:
+    """One report in a window (a micro-batch longer than the report interval) measures no growth: the
+    arrivals beyond the slots' true rate still say where the backlog goes."""
+    from plan.controls import heading_beyond_target
+
+    config = JobConfig(backlog_target_s=20.0)
+
+    def window(growth: float, arrival: float, per_slot: float = 200.0) -> Analysis:
+        return Analysis(job_id="j", window_end=50.0, parallelism=1, valid=True, true_processing_rate=per_slot,
+                        true_output_rate=per_slot, observed_processing_rate=per_slot, utilization=1.0,
+                        arrival_rate=arrival, backlog=4_500, backlog_growth_rate=growth, closed_at=50.0)
+
+    assert heading_beyond_target(window(0.0, 400.0), config)  # 4,500 + 200 x 20 > 20 x 400
+    assert heading_beyond_target(window(300.0, 400.0, per_slot=400.0), config)  # the measured growth counts
+    assert not heading_beyond_target(window(0.0, 400.0, per_slot=400.0), config)  # it keeps up: 4,500 < 8,000
+    assert not heading_beyond_target(window(-50.0, 400.0, per_slot=350.0), config)  # 4,500 + 50 x 20 < 8,000

@@ -147,30 +147,6 @@ def test_a_recovery_is_predicted_from_the_rate_now_on_a_ramp_and_a_step() -> Non
     assert now == pytest.approx(level, rel=0.05)
 
 
-def planned_now(rates: list[float]) -> tuple[float, float]:
-    """The arrival rate the plan starts from after these windows (its upper quantile), and the level's."""
-    planner, config, state = CostPlanner(), JobConfig(max_parallelism=8), PlanState()
-    for i, rate in enumerate(rates):
-        state, _ = planner.decide(state, window(10.0 * i, 2, rate), config)
-    memory, last = PlannerMemory.model_validate(state.policy_state), window(10.0 * (len(rates) - 1), 2, rates[-1])
-    problem = planner.problem(memory, last, config, state)
-    assert problem is not None
-    return float(problem.rates[0]), memory.level.upper_level(planner.rate_z) or 0.0
-
-
-def test_a_plan_starts_from_the_rate_now_on_a_rise_and_from_the_level_on_a_fall() -> None:
-    """On a ramp up the plan starts where the rates are, not half a ramp behind at the level; on a fall it
-    keeps the level (a scale-down waits for the load to be measured low)."""
-    ramp = [100.0 + 20.0 * i for i in range(20)]
-    now, level = planned_now(ramp)
-    assert now >= ramp[-1] * 0.97 and now > level
-    now, level = planned_now(ramp[::-1])
-    assert now == pytest.approx(level)
-    steady = [300.0 * f for f in np.random.default_rng(5).lognormal(0, 0.03, 12)]
-    now, level = planned_now(steady)
-    assert now == pytest.approx(level)
-
-
 def test_the_jobs_limits_hold_and_a_rescale_carries_its_predicted_recovery() -> None:
     def scale_up(config: JobConfig) -> tuple[PlanState, Plan]:
         planner, state = CostPlanner(), PlanState()
