@@ -42,7 +42,14 @@ from rich.console import Console
 from bench.backends_live import CoreSampler
 from bench.common import RESULTS, table, write_result
 from contracts.decisions import EventType
-from evaluation.live import live_measures, live_workload, load_start, read_records, recovery_errors
+from evaluation.live import (
+    live_measures,
+    live_workload,
+    load_start,
+    measured_since,
+    read_records,
+    recovery_errors,
+)
 from pipeline.loadgen import parse_shape
 from pipeline.workloads import WORKLOADS
 from pipeline.workloads.check import check
@@ -117,7 +124,7 @@ def measure(run: LiveRun, name: str, options: dict[str, str], bootstrap: str, be
     latency = latency_summary(event_time_latencies((t, r) for t, r in outputs if t >= began))
     lags = latency_summary([a.output_lag_s for a in run.analyses
                             if a.output_lag_s is not None and began <= a.window_end <= end])
-    since = began if run.watched_s > 0 else None  # a watched warm-up's actions are not the pattern's
+    since = measured_since(run)  # a watched warm-up's actions are not the pattern's
     switches = [(e.timestamp - (e.downtime_s or 0.0), e.to_parallelism) for e in run.of(EventType.COMPLETED)]
     timeline = samples if samples is not None else parallelism_samples(began, start, switches)
     recoveries = recovery_errors(run.recoveries(since))

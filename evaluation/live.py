@@ -84,20 +84,24 @@ def load_start(run: LiveRun) -> float:
     return float(began) if isinstance(began, int | float) and began > 0 else run.started
 
 
+def measured_since(run: LiveRun) -> float | None:
+    """When a run's measures begin: the load's start after a watched warm-up (`LiveRun.watched_s`), whose
+    windows and actions are not the load's; None (everything counts) otherwise."""
+    return load_start(run) if run.watched_s > 0 else None
+
+
 def live_measures(run: LiveRun, backlog_target_s: float, initial_parallelism: int = 1) -> dict[str, Any]:
     """The simulator's measures from what the agents published: windows (arrival, backlog) and the
     completed rescales (the parallelism is paid from the moment the job stopped for it). A watched
     warm-up's (`LiveRun.watched_s`) windows and actions, before the load began, are left out; its
     rescales still set the parallelism the load began at."""
-    load_began = load_start(run)
-    watched = run.watched_s > 0
-    since = load_began if watched else -math.inf
+    load_began, after = load_start(run), measured_since(run)
+    since = -math.inf if after is None else after
     windows = sorted((a for a in run.analyses if a.arrival_rate is not None and a.window_end > since),
                      key=lambda a: a.window_end)
     if not windows:
         raise RuntimeError("the live run published no analysis with an arrival rate")
     begin, end = max(windows[0].window_end - WINDOW_S, since), windows[-1].window_end
-    after = load_began if watched else None
     switches = sorted((e.timestamp - (e.downtime_s or 0.0), e.to_parallelism)
                       for e in run.of(EventType.COMPLETED))
     paid, t, p = 0.0, begin, initial_parallelism
