@@ -6,7 +6,7 @@ shape (120, 560, then 120 rec/s) with 5-s windows; its drain waits for the scree
 as its dashboard stops with it. Once the scale-down after the drop has completed,
 the job's page must show the agents as ok, both rescales, and the rates chart's y axis on the measured
 rates, the forecast the planner does not trust drawn apart and clipped rather than stretching the
-axis. The screenshot goes to docs/images/dashboard-job.png, so the README's picture is the last run's."""
+axis; a recovery must have been timed against its prediction. The screenshot goes to docs/images/dashboard-job.png, so the README's picture is the last run's."""
 
 from __future__ import annotations
 
@@ -97,3 +97,6 @@ def test_the_demo_on_its_dashboard(settings: Settings, tmp_path: Path, monkeypat
     # drop, none failed), every record once.
     assert summary["scale_ups"] == 1 and summary["scale_downs"] == 1 and summary["failed"] == 0, output.getvalue()
     assert summary["missing"] == summary["duplicates"] == 0, output.getvalue()
+    # The scale-up's recovery was timed and compared with the recovery predicted when it was decided.
+    assert any(r["predicted_s"] is not None and r["observed_s"] is not None for r in summary["recoveries"]), \
+        output.getvalue()
