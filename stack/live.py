@@ -126,7 +126,8 @@ def run_live(
     the load's pattern begins, as they would have a job in production (what they publish then is kept
     too, and `LiveRun.watched_s` says so).
     `runner_args` go to `autoscaler job run` (a cluster's `--master`, the
-    `--backend`, Spark `--conf`s), which starts the job at `parallelism`. `workload` says which job
+    `--backend`, Spark `--conf`s, a `--report-interval`: by default half the agents' window), which
+    starts the job at `parallelism`. `workload` says which job
     runs and what its load sends (default the demo job and its records); its entry point is added to
     the runner's allowed entry points. The broker and Redis of `settings` must be running."""
     if not 0 <= watched_s <= max(warm_up_s, 0.0):
@@ -138,6 +139,10 @@ def run_live(
             update={"job_entry_points": [*settings.job_entry_points, workload.entry_point]})
     if workload.entry_point != DEMO_ENTRY_POINT:
         runner_args = [*(runner_args or []), "--entry", workload.entry_point]
+    if "--report-interval" not in (runner_args or []):
+        # Two reports per window, as a job in production gives its agents: a window with one report
+        # measures no backlog growth between reports.
+        runner_args = [*(runner_args or []), "--report-interval", f"{settings.loop_interval_s / 2:g}"]
     load_args = [*load_args, *workload.load_args()]
     ensure_topics(settings, extra=[input_topic, output_topic])
     config = {"max_parallelism": str(max_parallelism), **job_overrides}
