@@ -21,9 +21,11 @@ Per run: the event-time latency from event to sink, mean and p95, from the sink'
 newest event time, `tests.support.backends.row_event_time`, against its Kafka record's timestamp, over the
 rows written from the load's start), beside the analyses' output lag; slot-seconds (cluster arms: the
 cores the master granted, sampled every second; the local arm: its parallelism over time) from the load's
-start to the end of the drain; our completed rescales and the executor changes the master showed; records
-lost, duplicated, mismatched and unexpected (`pipeline.workloads.check`, over the windows the watermark
-closed); each rescale's predicted against observed recovery time. Prints a table (median [worst] of the
+start to the end of the drain (`--drain-s`); our completed rescales and the executor changes the master
+showed; records lost, duplicated, mismatched and unexpected (`pipeline.workloads.check`, over the windows
+the watermark closed), checked once the job has read all its input (up to `--catch-up-s` after the drain,
+not measured; the records still unread then are shown, and what they would have written counts as lost);
+each rescale's predicted against observed recovery time. Prints a table (median [worst] of the
 runs) and writes JSON after every run.
 """
 
@@ -80,7 +82,7 @@ TARGET_UTILIZATION = 0.7  # the default job configuration's
 PATTERNS = {"step": "steps:100:30,400:90", "cosine": "cosine:240:160:120"}
 LOCAL_ARMS = ("restart",)
 MEASURES = {"latency_mean_s": ".1f", "latency_p95_s": ".1f", "output_lag_p95_s": ".1f", "slot_seconds": ".0f",
-            "lost": ".0f", "duplicated": ".0f", "recovery_error": ".2f"}
+            "lost": ".0f", "duplicated": ".0f", "unread_at_end": ".0f", "recovery_error": ".2f"}
 LISTED = ("actions", "executor_changes", "recoveries")
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -141,6 +143,8 @@ def measure(run: LiveRun, name: str, options: dict[str, str], bootstrap: str, be
         "actions": len(run.of(EventType.COMPLETED, since)), "failed": len(run.of(EventType.FAILED, since)),
         "executor_changes": changes(samples, began, end) if samples is not None else None,
         "input_records": len(inputs), "output_records": len(outputs), "closed_before": bound,
+        # Records the job had not read when the run ended: what they would have written counts as lost.
+        "unread_at_end": run.backlog_after(run.load_ended) if run.load_ended is not None else None,
         **counts,
         "recovery_error": recoveries["median_error"],
         "recoveries": [(r["predicted_s"], r["observed_s"]) for r in recoveries["rows"]],
@@ -166,6 +170,7 @@ def run_one(name: str, pattern: str, spec: str, arm: str, cluster: StandaloneClu
         run = run_live(settings, workdir, load_args,
                        {**JOB_TIMES, "backlog_target_s": str(knobs["target_s"]), **overrides},
                        max_parallelism=knobs["max_parallelism"], cost_ms=knobs["cost_ms"], drain_s=knobs["drain_s"],
+                       catch_up_s=knobs["catch_up_s"],
                        job=f"{name}-{arm}", warm_up_s=knobs["warm_up_s"], warm_up_rate=max(low, 10.0),
                        watched_s=knobs["watched_s"],
                        runner_args=args, parallelism=start, workload=live_workload(name, options))
@@ -212,7 +217,9 @@ def main(
     watched_s: Annotated[float, typer.Option(min=0, help="The last seconds of the warm-up, with the agents watching "
                                              "the job (a job in production is measured before its load changes).")]
     = 30.0,
-    drain_s: Annotated[float, typer.Option(help="Seconds after the load.")] = 20.0,
+    drain_s: Annotated[float, typer.Option(help="Seconds after the load (measured).")] = 20.0,
+    catch_up_s: Annotated[float, typer.Option(min=0, help="Seconds more, at most, until the job has read all its "
+                                              "input, before its output is checked (not measured).")] = 120.0,
     backlog_target_s: Annotated[float, typer.Option(help="The job's backlog target, seconds of arrivals.")] = 20.0,
     stop_by: Annotated[str | None, typer.Option(help="HH:MM UTC: no run starts that would end after it.")] = None,
     out: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS / "workloads.json",
@@ -250,6 +257,7 @@ def main(
     knobs = {"max_parallelism": max_parallelism, "static_parallelism": static_parallelism, "slot_rate": slot_rate,
              "cost_ms": cost_ms,
              "options": options, "warm_up_s": warm_up_s, "watched_s": watched_s, "drain_s": drain_s,
+             "catch_up_s": catch_up_s,
              "target_s": backlog_target_s}
     deadline = end_by(stop_by)
     workdir = Path(tempfile.mkdtemp(prefix="workloads-"))
@@ -291,7 +299,8 @@ def main(
 def print_table(console: Console, rows: list[dict[str, Any]], repeats: int) -> None:
     result = table(f"workloads live: median \\[worst] of the runs ({repeats} round(s) asked)", "workload", "pattern",
                    "arm", "runs", "latency mean s", "latency p95 s", "output lag p95 s", "slot-s", "lost",
-                   "duplicated", "recovery error", "actions", "executor changes", "recoveries (predicted, observed)")
+                   "duplicated", "unread at end", "recovery error", "actions", "executor changes",
+                   "recoveries (predicted, observed)")
     done = [r for r in rows if "error" not in r]
     cells = summarize_cells(done, ("workload", "pattern", "arm"), MEASURES, LISTED)
     for s in cells:

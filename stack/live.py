@@ -65,6 +65,12 @@ class LiveRun:
     input_topic: str = ""
     output_topic: str = ""
     watched_s: float = 0.0  # the agents watched the job this long before the load (`run_live`)
+    load_ended: float | None = None  # when the load finished (epoch seconds)
+
+    def backlog_after(self, since: float) -> int | None:
+        """The backlog of the last window that ended after `since`; None without one."""
+        later = [a for a in self.analyses if a.window_end > since and a.backlog is not None]
+        return max(later, key=lambda a: a.window_end).backlog if later else None
 
     def of(self, kind: EventType, since: float | None = None) -> list[ScalingEvent]:
         """The events of `kind`, those from `since` on (epoch seconds) if given."""
@@ -106,6 +112,7 @@ def run_live(
     max_parallelism: int = 8,
     cost_ms: float = 4.0,
     drain_s: float = 40.0,
+    catch_up_s: float = 0.0,
     stages: list[str] | None = None,
     job: str = JOB,
     warm_up_s: float = 0.0,
@@ -116,6 +123,8 @@ def run_live(
     workload: LiveWorkload = ENRICH,
 ) -> LiveRun:
     """Run the job under the load until the load ends plus `drain_s`; collect what was published.
+    With `catch_up_s`, the drain goes on up to that much longer until a window after the load's end
+    shows no backlog (the job has read all its input: what it has not written by then is lost, not late).
 
     With `warm_up_s`, the job first runs that long at `warm_up_rate` records/s before it is registered
     (the agents dead-letter its reports until then, so they learn nothing from it): Spark's cost per
@@ -166,11 +175,16 @@ def run_live(
                     watch=(watched_s, lambda: register_jobs(settings, [job], **config), keep))
         load = start_load(settings, input_topic, workdir / "load.log", load_args)
         result.started, result.watched_s = time.time(), watched_s if warm_up_s > 0 else 0.0
-        drain_until = None
-        while drain_until is None or time.time() < drain_until:
+        while True:
             keep(follow.poll(0.2))
-            if drain_until is None and load.poll() is not None:
-                drain_until = time.time() + drain_s
+            now = time.time()
+            if result.load_ended is None:
+                if load.poll() is not None:
+                    result.load_ended = now
+                continue
+            if now >= result.load_ended + drain_s + catch_up_s or (
+                    now >= result.load_ended + drain_s and result.backlog_after(result.load_ended) == 0):
+                break
         lines = (workdir / "load.log").read_text().strip().splitlines()
         if lines:
             try:

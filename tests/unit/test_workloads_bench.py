@@ -128,6 +128,18 @@ def test_windows_count_as_closed_up_to_the_watermark_the_input_and_the_analyses_
     assert closed_before(run, [], 5.0) is None
 
 
+def test_the_backlog_after_the_load_is_the_last_window_that_ended_after_it() -> None:
+    run = LiveRun(started=0.0)
+    assert run.backlog_after(100.0) is None
+    # Published out of order; a window without a backlog does not count.
+    run.analyses += [Analysis.model_construct(window_end=t, backlog=b)
+                     for t, b in ((110.0, 4), (95.0, 0), (105.0, 0), (115.0, None))]
+    assert run.backlog_after(100.0) == 4 and run.backlog_after(90.0) == 4  # the last one, not any empty one
+    assert run.backlog_after(110.0) is None
+    run.analyses.append(Analysis.model_construct(window_end=120.0, backlog=0))
+    assert run.backlog_after(100.0) == 0
+
+
 def test_the_default_live_workload_is_todays_demo_job_and_others_name_their_records() -> None:
     assert ENRICH.entry_point == "pipeline.demo:build" and ENRICH.topic_name == "demo" and ENRICH.load_args() == []
     dedup = LiveWorkload("dedup", "pipeline.workloads.stateful:dedup", "dedup:0.1")
