@@ -6,7 +6,8 @@ shape (120, 560, then 120 rec/s) with 5-s windows; its drain waits for the scree
 as its dashboard stops with it. Once the scale-down after the drop has completed,
 the job's page must show the agents as ok, both rescales, and the rates chart's y axis on the measured
 rates, the forecast the planner does not trust drawn apart and clipped rather than stretching the
-axis; a recovery must have been timed against its prediction. The screenshot goes to docs/images/dashboard-job.png, so the README's picture is the last run's."""
+axis; a recovery must have been timed against its prediction. The screenshot goes to
+docs/images/dashboard-job.png, so the README's picture is the last run's."""
 
 from __future__ import annotations
 
