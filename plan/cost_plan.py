@@ -61,7 +61,7 @@ class PlanProblem:
     action_penalty_s: float = 0.0
     violation_weight: float = VIOLATION_WEIGHT
     ramp_up_s: float = 0.0  # in place: a scale-up runs at the old capacity this long (no pause, no replay)
-    allow_planned_shortfall: bool = False  # a schedule may move now to run short of the rate now (`first_steps`)
+    allow_planned_shortfall: bool = True  # a schedule may move now to run short of the rate now (`first_steps`)
 
     @property
     def max_parallelism(self) -> int:

@@ -10,11 +10,12 @@ slot-s; next best (6 now) 10,260"), and the search, a heuristic, may have droppe
 Holding is an option where the current parallelism is within bounds; a hold that breaks the target more
 than the plan does is none: a scale-up the target needs goes ahead at once.
 
-A plan moves only to a parallelism that carries the planned rate now (`plan.cost_plan.first_steps`),
-unless the job allows a planned shortfall (`allow_planned_shortfall`) or none within bounds carries it.
-It may hold one that runs short while the backlog keeps its target (measured over its first windows,
-a parallelism's lower quantile is wide: made to move, a planner scaled 8 slots that carried their load
-up to 9 and back after 5 minutes). The reason says where a plan's first step runs short (`shortfall_note`).
+Where the job allows no planned shortfall (`allow_planned_shortfall` off; on by default), a plan moves
+only to a parallelism that carries the planned rate now (`plan.cost_plan.first_steps`), unless none
+within bounds carries it. It may hold one that runs short while the backlog keeps its target
+(measured over its first windows, a parallelism's lower quantile is wide: made to move, a planner
+scaled 8 slots that carried their load up to 9 and back after 5 minutes). The reason says where a
+plan's first step runs short (`shortfall_note`).
 
 No margin beyond the penalties is asked: the best holding schedule is often the plan one step later
 (6 now, 5 from +1 min), dearer by one slot for one step; against a margin of a penalty it would always

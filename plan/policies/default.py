@@ -22,8 +22,8 @@ plans with, each an estimate on the safe side:
 A rescale goes ahead only for a real gain (`plan.real_gain`): its schedule must cost less than the
 best schedule that holds the current parallelism now (both charged their rescales' penalties), or
 holding must break the target; otherwise the planner holds and says what the rescale would save. A
-plan moves only to a parallelism that carries the planned rate now, unless the job allows a planned
-shortfall (`allow_planned_shortfall`), and the reason says where a first step runs short.
+plan may move to a parallelism that runs short of the planned rate now only where the job allows a
+planned shortfall (`allow_planned_shortfall`, the default), and the reason says where a first step runs short.
 
 The planner is the schedule search and its gates (`plan.gates`). After a rescale it measures the new
 parallelism for FIT_MIN_WINDOWS windows before it searches again, unless the backlog heads beyond its

@@ -27,19 +27,19 @@ from tests.unit.test_cost_planner import window
 
 def first_step(seed: int) -> PolicyRun:
     """A new user's first try, from the docs: auto mode, a job of 200 rec/s per slot whose rate varies
-    5 % from window to window, 5 minutes at 150 rec/s, then 25 at 1,000."""
+    5 % from window to window, 5 minutes at 150 rec/s, then 25 at 1,000; no planned shortfall."""
     rates = np.array([150.0] * 30 + [1000.0] * 150)
     trace = Trace("step 150 -> 1,000 rec/s", rates, WINDOW_S, "a step of the load")
     model = JobModel(operators=(Operator("job", 200.0),), downtime_up_s=22.7, downtime_down_s=12.1)
-    config = JobConfig(max_parallelism=12)
+    config = JobConfig(max_parallelism=12, allow_planned_shortfall=False)
     return simulate(trace, model, PolicyRunner(CostPlanner(), config), config, 1, config.backlog_target_s,
                     seed=seed, factors=rate_factors(len(rates), seed, 0.05))
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_a_step_takes_one_scale_up_and_at_most_one_trim_that_still_carries_the_load(seed: int) -> None:
-    """Before, two seeds of five trimmed twice (7 -> 6 -> 5): at 5 slots the capacity equals the arrivals,
-    so the restart's backlog (8,000-14,000 records) never drained."""
+    """Allowed to run short (the default), two seeds of five trim twice (7 -> 6 -> 5): at 5 slots the
+    capacity equals the arrivals, so the restart's backlog (8,000-14,000 records) never drains."""
     run = first_step(seed)
     assert run.scale_ups == 1 and run.scale_downs <= 1 and run.beyond_target_s == 0
     assert run.timeline.parallelism[-1] >= 6
@@ -63,7 +63,9 @@ class Posed(CostPlanner):
 
 def decided(problem: PlanProblem, config: JobConfig | None = None) -> Plan:
     """The planner's decision on `problem`, after the windows it measures the current parallelism over."""
-    planner, config, state = Posed(problem), config or JobConfig(max_parallelism=problem.max_parallelism), PlanState()
+    config = config or JobConfig(max_parallelism=problem.max_parallelism,
+                                 allow_planned_shortfall=problem.allow_planned_shortfall)
+    planner, state = Posed(problem), PlanState()
     p = problem.parallelism
     for i in range(4):
         state, plan = planner.decide(state, window(10.0 * i, p, float(problem.rates[0]), per_slot=100.0), config)
