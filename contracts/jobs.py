@@ -49,6 +49,12 @@ class JobConfig(BaseModel):
         60.0, gt=0, description="The most backlog the job may carry, in seconds of arrivals: the default "
         "planner keeps it within this target at the least cost; the evaluation counts the time beyond it."
     )
+    allow_planned_shortfall: bool = Field(
+        True, description="The default planner may choose a parallelism whose capacity (its lower quantile) is "
+        "below the arrival rate planned now, letting the backlog grow toward `backlog_target_s` and scaling up "
+        "later, where that costs less (the reason says so). Off: each plan starts at a parallelism that carries "
+        "the planned rate, unless none within bounds does: a backlog drains, for a few more slot-seconds."
+    )
     scaling_backend: BackendKind = Field(
         BackendKind.RESTART, description="How execute rescales the job, so the default planner plans each action's "
         "cost the same way: restart (from the checkpoint: a pause and a replay) or in_place (executors changed on "

@@ -23,6 +23,11 @@ Model, per step k of `step_s` seconds (a rescale starts at the step's start):
   that starts elsewhere: the plan's next best is the cheapest runner-up (`solve_with_next`).
 - Rates are upper quantiles and capacities lower quantiles (the caller's), so the schedule keeps
   the target when the load runs high and the job runs slow.
+- A schedule moves now only to a parallelism that carries the planned rate now (capacity at least
+  the first step's rate), unless the problem allows a planned shortfall (`allow_planned_shortfall`)
+  or none within bounds carries it (`first_steps`): moving to run short, letting the backlog grow
+  toward its target and scaling up later, is the job's choice, not the search's. Holding the current
+  parallelism stays allowed.
 
 Only the first step is applied; the next window plans again with what it learned (receding horizon).
 """
@@ -56,6 +61,7 @@ class PlanProblem:
     action_penalty_s: float = 0.0
     violation_weight: float = VIOLATION_WEIGHT
     ramp_up_s: float = 0.0  # in place: a scale-up runs at the old capacity this long (no pause, no replay)
+    allow_planned_shortfall: bool = True  # a schedule may move now to run short of the rate now (`first_steps`)
 
     @property
     def max_parallelism(self) -> int:
@@ -102,10 +108,31 @@ def _transitions(problem: PlanProblem) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return down, problem.step_s - down, ramp, p != q
 
 
+def carrying(problem: PlanProblem) -> np.ndarray:
+    """Per parallelism 1..max, whether it is within bounds and carries the planned rate now (its
+    capacity at least the first step's rate)."""
+    n = problem.max_parallelism
+    capacity = np.asarray(problem.capacity[1:], dtype=float)
+    return (np.arange(1, n + 1) >= problem.min_parallelism) & (capacity >= float(problem.rates[0]) - EPSILON)
+
+
+def first_steps(problem: PlanProblem) -> np.ndarray:
+    """Per parallelism 1..max, whether a schedule may start there: within bounds and, unless the problem
+    allows a planned shortfall, holding the current parallelism or carrying the planned rate now, where
+    some parallelism within bounds carries it."""
+    allowed = np.arange(1, problem.max_parallelism + 1) >= problem.min_parallelism
+    carries = carrying(problem)
+    if problem.allow_planned_shortfall or not carries.any():
+        return allowed
+    if problem.parallelism <= problem.max_parallelism:
+        carries[problem.parallelism - 1] = allowed[problem.parallelism - 1]
+    return carries
+
+
 def solve(problem: PlanProblem, forbid_first: int | None = None, force_first: int | None = None) -> Schedule:
-    """The least-cost schedule over the horizon (see the module docstring). `forbid_first` excludes
-    one parallelism from the first step; `force_first` allows only that one (what keeping an earlier
-    choice would cost).
+    """The least-cost schedule over the horizon (see the module docstring), starting where `first_steps`
+    allows. `forbid_first` excludes one parallelism from the first step; `force_first` allows only that
+    one, whether or not it carries the rate now (what keeping an earlier choice, or holding, would cost).
 
     Per (step, parallelism) the DP keeps one path per backlog bucket (the backlog as a fraction of the
     step's target, in `BUCKETS` equal parts, the last holding everything beyond): the cheapest by cost
@@ -140,7 +167,7 @@ def _searched(problem: PlanProblem, forbid_first: int | None, force_first: int |
     per_record = 1.0 / max(float(cap.max()) / n, EPSILON)  # slot-seconds one record of backlog needs
     down, running, ramp, moved = _transitions(problem)
     allowed = np.arange(1, n + 1) >= problem.min_parallelism
-    first_allowed = allowed.copy()
+    first_allowed = first_steps(problem) if force_first is None else allowed.copy()
     if forbid_first is not None and 1 <= forbid_first <= n:
         first_allowed[forbid_first - 1] = False
     if force_first is not None and 1 <= force_first <= n:

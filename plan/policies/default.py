@@ -19,6 +19,12 @@ plans with, each an estimate on the safe side:
   job whose executors are changed in place (`scaling_backend`), a scale-up's measured time at the old
   capacity and a scale-down's hold, with nothing replayed (`contracts.backends`).
 
+A rescale goes ahead only for a real gain (`plan.real_gain`): its schedule must cost less than the
+best schedule that holds the current parallelism now (both charged their rescales' penalties), or
+holding must break the target; otherwise the planner holds and says what the rescale would save. A
+plan may move to a parallelism that runs short of the planned rate now only where the job allows a
+planned shortfall (`allow_planned_shortfall`, the default), and the reason says where a first step runs short.
+
 The planner is the schedule search and its gates (`plan.gates`). After a rescale it measures the new
 parallelism for FIT_MIN_WINDOWS windows before it searches again, unless the backlog heads beyond its
 target (`MeasuringHold`). On the plan, in order (`CostPlanner.gates`): a rescale waits for
@@ -50,7 +56,7 @@ from contracts.plan_state import PlanState
 from plan.batching import BatchCost
 from plan.capacity_estimate import Measured, SlotStats, capacities, in_waves, planned_capacity
 from plan.controls import partition_units
-from plan.cost_plan import PlanProblem, Schedule, describe, solve, solve_with_next
+from plan.cost_plan import PlanProblem, Schedule, describe, first_steps, solve, solve_with_next
 from plan.forecast_skill import ForecastSkill, note
 from plan.gates import (
     ExcludedPeriods,
@@ -68,6 +74,7 @@ from plan.level import update as update_level
 from plan.policies.reactive import ReactivePolicy
 from plan.policy import Plan, direction, hold
 from plan.proactive import downtimes_expected, predicted_recovery_s
+from plan.real_gain import held_message, no_real_gain, shortfall_note
 
 FORECAST_MAX_OFFSET = 0.25  # a forecast whose first value is this far from the measured level is not used
 NOISE_PRIOR = 0.1  # the per-window CV of the per-slot rate assumed until three windows were measured
@@ -233,6 +240,7 @@ class CostPlanner:
             downtime_down_s=costs.down_pause_s, replay_records=costs.replay_records,
             backlog_target_s=config.backlog_target_s, action_penalty_s=self.action_penalty_slot_s,
             ramp_up_s=min(costs.up_ramp_s, config.restart_time_cap_s),
+            allow_planned_shortfall=config.allow_planned_shortfall,
         )
 
     def _plan(self, memory: PlannerMemory, analysis: Analysis, config: JobConfig, state: PlanState
@@ -242,10 +250,11 @@ class CostPlanner:
         if problem is None:
             return hold(current, "learning", "no arrival level or capacity measured yet", rule=self.name), {}
         chosen, alternative = solve_with_next(problem)
+        basis = problem  # the problem the plan was made on: the point estimates' where a recommendation is kept
         kept = self._kept(memory, analysis, config, state, chosen)
         extra = 0.0  # what the next best pays beyond its schedule: changing a kept recommendation
         if kept is not None:
-            (chosen, alternative), extra = kept, self.action_penalty_slot_s
+            (basis, chosen, alternative), extra = kept, self.action_penalty_slot_s
         target = chosen.first
         numbers = _numbers(chosen, alternative, problem, extra)
         message = (f"plan {describe(chosen, self.step_s)} over {self.horizon_s / 60:g} min costs {chosen.cost:,.0f} "
@@ -261,11 +270,19 @@ class CostPlanner:
                             "beyond the backlog target")
         elif chosen.violation_s > 0:
             message += f"; expects {chosen.violation_s:.0f} s of arrivals beyond the backlog target at best"
+        short = shortfall_note(basis, chosen)
+        if short is not None:
+            message += f"; {short}"
         fallback = backend_in_use(config.scaling_backend, state.backend)[1]
         if fallback is not None:
             message += f"; {fallback}"
         if target == current:
             return hold(current, "planned_hold", message, rule=self.name, **numbers), {}
+        held = no_real_gain(basis, chosen)
+        if held is not None:  # a rescale that saves no more than its penalties: holding instead
+            message += f"; {held_message(basis, chosen, held, self.step_s)}"
+            return hold(current, "planned_hold", message, rule=self.name, **numbers,
+                        hold_cost_slot_s=round(held.cost, 1)), {}
         proposal = Plan(direction(current, target), target,
                         DecisionReason(code="cost_plan", rule=self.name, message=message, numbers=numbers),
                         recommended=target)
@@ -294,9 +311,10 @@ class CostPlanner:
                 ExcludedPeriods(), StepBounds(), PartitionAlignment())
 
     def _kept(self, memory: PlannerMemory, analysis: Analysis, config: JobConfig, state: PlanState, best: Schedule
-              ) -> tuple[Schedule, Schedule | None] | None:
-        """The last recommendation, where it stands (None where the plan is `best`): its schedule and the
-        next best, both on the point estimates (the mean level and capacities).
+              ) -> tuple[PlanProblem, Schedule, Schedule | None] | None:
+        """The last recommendation, where it stands (None where the plan is `best`): the problem on the point
+        estimates (the mean level and capacities), its schedule and the next best on them. A recommendation
+        that does not carry the rate now on them (where the job allows no planned shortfall) stands no more.
 
         A recommendation not acted on (recommend mode, a held rescale) changes only when the point
         estimates say it no longer keeps the target or costs an action's penalty more than the best: a
@@ -308,12 +326,12 @@ class CostPlanner:
         if kept is None or kept in (best.first, analysis.parallelism):
             return None
         point = self.problem(memory, analysis, config, state, quantiles=False)
-        if point is None or not 1 <= kept <= point.max_parallelism:
+        if point is None or not 1 <= kept <= point.max_parallelism or not first_steps(point)[kept - 1]:
             return None
         keeping, (point_best, point_next) = solve(point, force_first=kept), solve_with_next(point)
         if keeping.violation_s > 0 or keeping.cost > point_best.cost + self.action_penalty_slot_s:
             return None
-        return keeping, point_best if point_best.first != kept else point_next
+        return point, keeping, point_best if point_best.first != kept else point_next
 
     @staticmethod
     def rate_now(memory: PlannerMemory, now: float, z: float) -> float | None:

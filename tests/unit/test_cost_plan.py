@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from contracts.backends import DEFAULT_RAMP_S, BackendKind, planned_costs
 from contracts.plan_state import Downtimes
-from plan.cost_plan import PlanProblem, describe, solve
+from plan.cost_plan import PlanProblem, describe, first_steps, solve
 
 
 def problem(rates: list[float], current: int = 2, backlog: float = 0.0, per_slot: float = 100.0,
@@ -107,7 +107,8 @@ def test_the_planned_cost_is_the_cost_of_its_schedule(rates: list[float], curren
 
 
 def test_where_a_schedule_keeps_the_target_the_planner_nearly_always_finds_one_within_5_percent() -> None:
-    """Brute force over every schedule of 400 small random problems. The DP keeps a few paths per (step,
+    """Brute force over every schedule of 400 small random problems (those that start where the search may:
+    `first_steps`). The DP keeps a few paths per (step,
     parallelism), one per backlog bucket, ranked by cost plus the work their backlog needs: a heuristic.
     Where some schedule keeps the target, the planner's keeps it at most 5 % above the cheapest in at
     least 98 % of the problems (1,116 of 1,117 when measured); the misses are loads that jump many-fold
@@ -118,7 +119,8 @@ def test_where_a_schedule_keeps_the_target_the_planner_nearly_always_finds_one_w
         steps = int(rng.integers(1, 5))
         pr = problem(rng.uniform(20.0, 600.0, steps).tolist(), current=int(rng.integers(1, 5)),
                      backlog=float(rng.uniform(0, 20_000)), max_parallelism=4, target=float(rng.uniform(30, 120)))
-        runs = [replay(pr, list(s)) for s in itertools.product(range(1, 5), repeat=steps)]
+        starts = first_steps(pr)  # where the search may start: the parallelisms that carry the rate now
+        runs = [replay(pr, list(s)) for s in itertools.product(range(1, 5), repeat=steps) if starts[s[0] - 1]]
         within = [cost for cost, violation, _ in runs if violation <= 1e-6]
         if not within:
             continue

@@ -10,7 +10,7 @@ from contracts.analyses import Analysis
 from contracts.jobs import JobConfig
 from contracts.plan_state import Downtimes, PlanState
 from plan.capacity_estimate import Measured, SlotStats
-from plan.cost_plan import PlanProblem, solve, solve_with_next
+from plan.cost_plan import PlanProblem, first_steps, solve, solve_with_next
 from plan.policies.default import CostPlanner, PlannerMemory
 from tests.unit.test_cost_plan import replay
 
@@ -22,11 +22,11 @@ def demo_capacity(p: int) -> float:
 
 
 def knee_problem(max_parallelism: int, current: int, backlog: float, rates: list[float], up: float, down: float,
-                 replay_records: float, penalty: float = 300.0) -> PlanProblem:
+                 replay_records: float, penalty: float = 300.0, shortfall: bool = False) -> PlanProblem:
     capacity = np.array([0.0] + [demo_capacity(p) for p in range(1, max_parallelism + 1)])
     return PlanProblem(parallelism=current, backlog=backlog, rates=np.asarray(rates), step_s=60.0, capacity=capacity,
                        min_parallelism=1, downtime_up_s=up, downtime_down_s=down, replay_records=replay_records,
-                       backlog_target_s=60.0, action_penalty_s=penalty)
+                       backlog_target_s=60.0, action_penalty_s=penalty, allow_planned_shortfall=shortfall)
 
 
 @settings(max_examples=300, deadline=None)
@@ -39,7 +39,7 @@ def test_the_next_best_is_a_real_schedule_that_costs_no_less_than_the_plan(
     pr = knee_problem(max_parallelism, min(current, max_parallelism), backlog, rates, up, down, replay_records)
     chosen, alternative = solve_with_next(pr)
     assert chosen.cost == solve(pr).cost and (chosen.parallelism == solve(pr).parallelism).all()
-    if max_parallelism == 1:
+    if np.count_nonzero(first_steps(pr)) == 1:  # one parallelism alone may start (carries the rate now)
         assert alternative is None
         return
     assert alternative is not None and alternative.first != chosen.first
@@ -63,9 +63,10 @@ def test_the_next_best_is_the_plans_runner_up_not_a_search_barred_from_its_first
 
 
 def test_where_no_runner_up_survives_the_search_barred_from_the_plans_first_step_gives_the_next_best() -> None:
-    """2 slots and a load rising past them: every path that starts at 1 slot loses its bucket to one at 2."""
+    """2 slots and a load rising past them: every path that starts at 1 slot loses its bucket to one at 2
+    (1 slot runs short of the first minute's 221 rec/s: a start the job allows here)."""
     pr = knee_problem(2, current=2, backlog=9_890.0, rates=[221.0, 372.0, 892.0, 1_019.0, 691.0, 587.0, 607.0],
-                      up=15.7, down=12.5, replay_records=284.0)
+                      up=15.7, down=12.5, replay_records=284.0, shortfall=True)
     chosen, alternative = solve_with_next(pr)
     assert chosen.first == 2 and alternative is not None and alternative.first == 1
     assert alternative.cost == solve(pr, forbid_first=2).cost >= chosen.cost
@@ -101,9 +102,14 @@ def test_a_decision_never_reports_a_plan_dearer_than_its_next_best(
     state = PlanState(window_parallelism=p, windows_at_parallelism=5, policy_state=memory.model_dump(mode="json"),
                       downtimes=Downtimes(up=[up], down=[down]))
     planner, config = CostPlanner(), JobConfig(max_parallelism=max_parallelism)
-    _, plan = planner.decide(state, demo_window(1_000.0, p, arrival, backlog_s * arrival), config)
+    window = demo_window(1_000.0, p, arrival, backlog_s * arrival)
+    after, plan = planner.decide(state, window, config)
     numbers = plan.reason.numbers
     if numbers.get("plan_cost_slot_s") is None:
         return  # not planned (the job's limits or the level's first windows hold it)
-    assert numbers["alternative_cost_slot_s"] is not None
+    if numbers["alternative_cost_slot_s"] is None:  # one parallelism alone carries the planned rate now
+        learned = PlannerMemory.model_validate(after.policy_state)
+        posed = [planner.problem(learned, window, config, after, quantiles=q) for q in (True, False)]
+        assert any(pr is not None and np.count_nonzero(first_steps(pr)) == 1 for pr in posed)
+        return
     assert numbers["plan_cost_slot_s"] <= numbers["alternative_cost_slot_s"], plan.reason.message
