@@ -67,6 +67,10 @@ class PlanProblem:
     def max_parallelism(self) -> int:
         return len(self.capacity) - 1
 
+    def within_bounds(self) -> np.ndarray:
+        """Per parallelism 1..max, whether it is at least `min_parallelism`."""
+        return np.arange(1, self.max_parallelism + 1) >= self.min_parallelism
+
     def check(self) -> None:
         if self.rates.ndim != 1 or len(self.rates) == 0 or (self.rates < 0).any():
             raise ValueError("rates: one rate >= 0 per step")
@@ -111,16 +115,15 @@ def _transitions(problem: PlanProblem) -> tuple[np.ndarray, np.ndarray, np.ndarr
 def carrying(problem: PlanProblem) -> np.ndarray:
     """Per parallelism 1..max, whether it is within bounds and carries the planned rate now (its
     capacity at least the first step's rate)."""
-    n = problem.max_parallelism
     capacity = np.asarray(problem.capacity[1:], dtype=float)
-    return (np.arange(1, n + 1) >= problem.min_parallelism) & (capacity >= float(problem.rates[0]) - EPSILON)
+    return problem.within_bounds() & (capacity >= float(problem.rates[0]) - EPSILON)
 
 
 def first_steps(problem: PlanProblem) -> np.ndarray:
     """Per parallelism 1..max, whether a schedule may start there: within bounds and, unless the problem
     allows a planned shortfall, holding the current parallelism or carrying the planned rate now, where
     some parallelism within bounds carries it."""
-    allowed = np.arange(1, problem.max_parallelism + 1) >= problem.min_parallelism
+    allowed = problem.within_bounds()
     carries = carrying(problem)
     if problem.allow_planned_shortfall or not carries.any():
         return allowed
@@ -166,7 +169,7 @@ def _searched(problem: PlanProblem, forbid_first: int | None, force_first: int |
     cap = np.asarray(problem.capacity[1:], dtype=float)
     per_record = 1.0 / max(float(cap.max()) / n, EPSILON)  # slot-seconds one record of backlog needs
     down, running, ramp, moved = _transitions(problem)
-    allowed = np.arange(1, n + 1) >= problem.min_parallelism
+    allowed = problem.within_bounds()
     first_allowed = first_steps(problem) if force_first is None else allowed.copy()
     if forbid_first is not None and 1 <= forbid_first <= n:
         first_allowed[forbid_first - 1] = False
