@@ -66,6 +66,9 @@ def evaluate_command(
         help="How the job is rescaled: restart (from its checkpoint, local mode) or inplace (executors changed on a "
              "standalone cluster: the job model's ramp_up_s and hold_down_s). Every policy and the oracle alike.")
     ] = "restart",
+    noise_bound: Annotated[bool, typer.Option(
+        help="Also the noise-aware bound: the cheapest schedule that knows the load but not the noise and keeps "
+             "the target with the planner's probability (about 7 oracle searches per case).")] = True,
     workers: Annotated[int, typer.Option(help="Processes, one case (trace, regime, seed) each at a time.")] = 2,
     json_out: Annotated[Path, typer.Option("--json", help="Where the JSON goes: per trace x regime x seed x "
                                            "policy, and the oracle's figures.")] = RESULTS / "evaluate.json",
@@ -118,7 +121,7 @@ def evaluate_command(
                             backlog_target_s=backlog_target_s, seeds=seeds, first_seed=first_seed,
                             rate_noise=rate_noise, regimes=regimes,  # type: ignore[arg-type]
                             job_model=str(job_model) if job_model else None, backend=kinds[backend],
-                            fill_gaps=fill)
+                            fill_gaps=fill, noise_bound=noise_bound)
     try:
         settings.job().model(in_place=settings.backend is BackendKind.IN_PLACE)
     except JobModelError as exc:

@@ -40,12 +40,14 @@ outlasts the trace. Compare autoscalers under the same rule.
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from evaluation.oracle_search import EPSILON, OracleModel, replay, solve, solve_free
+from evaluation.oracle_search import EPSILON, OracleModel, Replayed, replay, solve, solve_free
 
 # The longest front of the fewest-violations search, run only when no schedule meets the rule. Overload keeps
 # backlogs from draining, so fronts stay long there and the search would be slow; its gap is still reported.
@@ -175,6 +177,22 @@ def oracle_without_restarts(
     return _optimize(model, max_front)
 
 
+def replay_schedule(parallelism: np.ndarray, arrival_rates: np.ndarray, capacity: np.ndarray, dt: float,
+                    **kwargs: Any) -> Replayed:
+    """Replay a schedule (one parallelism per step, changing only at decision times, as an `OracleResult`'s)
+    under the model of `oracle_with_restarts` with the same arguments, e.g. under another noise realisation
+    (`rate_factors`): its backlog per step, violating steps and rescales. Raises AssertionError for a schedule
+    the model does not allow (a rescale off a decision time or during a restart)."""
+    model = _build(arrival_rates, capacity, dt, **(_WITH_RESTARTS_DEFAULTS | kwargs), free_rescales=False)
+    steps = np.asarray(parallelism, dtype=np.int64)
+    if steps.shape != (model.steps,):
+        raise ValueError("parallelism must give one parallelism per step")
+    blocks = steps[:: model.block]
+    if not np.array_equal(np.repeat(blocks, model.block)[: model.steps], steps):
+        raise ValueError("parallelism may change only at decision times")
+    return replay(model, blocks)
+
+
 def _build(
     arrival_rates: np.ndarray,
     capacity: np.ndarray,
@@ -272,3 +290,9 @@ def _optimize(model: OracleModel, max_front: int) -> OracleResult:
         feasible=best.violations == 0, violation_s=best.violations * dt, lower_bound_slot_seconds=lower * dt,
         certified_optimal=certified,
     )
+
+
+# The keyword defaults of `oracle_with_restarts`, so `replay_schedule` takes its arguments alike.
+_WITH_RESTARTS_DEFAULTS: dict[str, Any] = {
+    name: parameter.default for name, parameter in inspect.signature(oracle_with_restarts).parameters.items()
+    if parameter.default is not inspect.Parameter.empty}

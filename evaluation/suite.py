@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from multiprocessing import get_context
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from contracts.jobs import JobConfig
 from evaluation.forecasts import FORECAST_STEP_S, forecast_stream, one_blas_thread
 from evaluation.jobmodel import JobModel
 from evaluation.model_files import JobModelFile, load_job_model
+from evaluation.noise_bound import NoiseAwareBound, noise_aware_bound
 from evaluation.oracle import oracle_with_restarts, oracle_without_restarts
 from evaluation.simulator import (
     REPORTS_PER_WINDOW,
@@ -39,12 +41,15 @@ from evaluation.simulator import (
     static_parallelism,
 )
 from evaluation.traces import REGIMES, GapFill, Regime, Scaling, Trace, load_trace, resolve
+from plan.policies.default import CostPlanner
 from plan.registry import POLICIES, make_policy, policy_class
 
 # Every policy of the registry, in the order the tables show them: the baselines, then ours.
 EVALUATED = ("static", "threshold", "ds2", "flink", "daedalus", "hybrid", "reactive", "default")
 assert set(EVALUATED) == set(POLICIES), "every registered policy is evaluated"
 SCALED_BASELINES = ("threshold", "flink")  # baselines with time constants of their own
+# The noise-aware bound keeps the target with the probability the default planner's capacity quantile aims at.
+BOUND_PROBABILITY = round(NormalDist().cdf(CostPlanner().capacity_z), 2)
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class EvalSettings:
     regimes: tuple[Regime, ...] = REGIMES
     backend: BackendKind = BackendKind.RESTART  # how every policy's job (and the oracle's) is rescaled
     fill_gaps: GapFill | None = None  # a trace file's missing rows: refused (None), or filled
+    noise_bound: bool = True  # also the noise-aware bound (`evaluation.noise_bound`): about 7 oracle searches
 
     def job(self) -> JobModelFile:
         return load_job_model(self.job_model)
@@ -92,23 +98,38 @@ def start_parallelism(model: JobModel, rates: np.ndarray, max_parallelism: int) 
     return static_parallelism(model, float(rates[: max(1, round(600 / WINDOW_S))].max()), max_parallelism)
 
 
-def oracle_for(trace: Trace, model: JobModel, factors: np.ndarray, start: int, settings: EvalSettings,
-               capacities: np.ndarray) -> tuple[Any, Any]:
-    """The oracle and its free-rescale relaxation in the simulator's own terms: half-window steps (the
+def oracle_arguments(trace: Trace, model: JobModel, start: int, settings: EvalSettings
+                     ) -> tuple[np.ndarray, dict[str, Any]]:
+    """The oracle's load and arguments in the simulator's own terms, noise aside: half-window steps (the
     reporter's interval), a decision at each window's end from the first window on, the rule checked at
-    each window's end, the same noise, the pause of each direction (a restart, or in place a scale-down's
-    hold), an in-place scale-up's time at the old capacity, and the replay the simulator charges (none:
-    decisions fall on checkpoint boundaries, and in place nothing is replayed)."""
+    each window's end, the pause of each direction (a restart, or in place a scale-down's hold), an in-place
+    scale-up's time at the old capacity, and the replay the simulator charges (none: decisions fall on
+    checkpoint boundaries, and in place nothing is replayed)."""
     half = REPORTS_PER_WINDOW
     args: dict[str, Any] = {
-        "dt": trace.window_s / half, "restart_downtime_s": model.downtime(1, 2),
-        "downtime_down_s": model.downtime(2, 1), "ramp_s": model.ramp(1, 2), "rate_factors": np.repeat(factors, half),
-        "replay_records": 0.0, "backlog_target_s": settings.backlog_target_s, "grace_s": 0.0,
-        "decision_s": trace.window_s, "initial_parallelism": start, "check_every": half,
+        "restart_downtime_s": model.downtime(1, 2), "downtime_down_s": model.downtime(2, 1),
+        "ramp_s": model.ramp(1, 2), "replay_records": 0.0, "backlog_target_s": settings.backlog_target_s,
+        "grace_s": 0.0, "decision_s": trace.window_s, "initial_parallelism": start, "check_every": half,
         "first_decision_s": trace.window_s,
     }
-    rates = np.repeat(trace.rates, half)
-    return oracle_with_restarts(rates, capacities, **args), oracle_without_restarts(rates, capacities, **args)
+    return np.repeat(trace.rates, half), args
+
+
+def oracle_for(trace: Trace, model: JobModel, factors: np.ndarray, start: int, settings: EvalSettings,
+               capacities: np.ndarray) -> tuple[Any, Any]:
+    """The oracle and its free-rescale relaxation (`oracle_arguments`), with the same noise as the policies."""
+    rates, args = oracle_arguments(trace, model, start, settings)
+    dt, noise = trace.window_s / REPORTS_PER_WINDOW, np.repeat(factors, REPORTS_PER_WINDOW)
+    return (oracle_with_restarts(rates, capacities, dt, rate_factors=noise, **args),
+            oracle_without_restarts(rates, capacities, dt, rate_factors=noise, **args))
+
+
+def bound_for(trace: Trace, model: JobModel, start: int, settings: EvalSettings, capacities: np.ndarray,
+              seed: int) -> NoiseAwareBound:
+    """The noise-aware bound on the oracle's terms (`oracle_arguments`), knowing the noise's law only."""
+    rates, args = oracle_arguments(trace, model, start, settings)
+    return noise_aware_bound(rates, capacities, trace.window_s / REPORTS_PER_WINDOW, sigma=settings.noise,
+                             probability=BOUND_PROBABILITY, seed=seed, **args)
 
 
 def evaluate_case(name: str, regime: Regime, seed: int, policies: Sequence[str], settings: EvalSettings
@@ -129,6 +150,7 @@ def evaluate_case(name: str, regime: Regime, seed: int, policies: Sequence[str],
     forecasts = forecast_stream(trace, config) if forecasting else None
     capacities = np.array([0.0, *(model.capacity(p) for p in range(1, settings.max_parallelism + 1))])
     oracle, loose = oracle_for(trace, model, factors, start, settings, capacities)
+    bound = bound_for(trace, model, start, settings, capacities, seed) if settings.noise_bound else None
     runs = []
     for policy_name in policies:
         policy = make_policy(policy_name, **baseline_parameters(policy_name, trace.compression))
@@ -140,7 +162,8 @@ def evaluate_case(name: str, regime: Regime, seed: int, policies: Sequence[str],
     static_cost = static_p * trace.duration_s
     rows = [_renamed(run.summary()) | {"restarts": run.actions,
                              "vs_static": round(run.slot_seconds / static_cost, 4),
-                             "vs_oracle": round(run.slot_seconds / oracle.slot_seconds, 4)} for run in runs]
+                             "vs_oracle": round(run.slot_seconds / oracle.slot_seconds, 4)}
+            | ({"vs_noise_bound": round(run.slot_seconds / bound.slot_seconds, 4)} if bound else {}) for run in runs]
     return {
         "trace": name, "regime": regime, "seed": seed, "description": trace.description, "sha256": trace.sha256,
         "compression": trace.compression, "windows": len(trace.rates),
@@ -154,6 +177,11 @@ def evaluate_case(name: str, regime: Regime, seed: int, policies: Sequence[str],
                    "peak_backlog": round(float(oracle.backlog.max(initial=0.0)), 1),
                    "without_restarts_slot_seconds": round(loose.slot_seconds, 1),
                    "schedule": [int(x) for x in oracle.parallelism[::REPORTS_PER_WINDOW]]},
+        "noise_bound": None if bound is None else {
+            "slot_seconds": round(bound.slot_seconds, 1), "actions": bound.rescales, "margin": round(bound.margin, 4),
+            "accepted": bound.accepted, "probability": bound.probability, "scenarios": bound.scenarios,
+            "beyond_target_s_quantile": bound.beyond_target_s,
+            "vs_oracle": round(bound.slot_seconds / oracle.slot_seconds, 4)},
         "forecast": None if forecasts is None else {
             "mean_wape": round(float(np.mean(forecasts.wapes)), 4) if forecasts.wapes else None,
             "refits": forecasts.refits, "seconds": round(forecasts.seconds, 2),
@@ -188,7 +216,8 @@ def summarize(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "actions_median": _median([r["actions"] for r in got]),
                 "actions_worst": max(r["actions"] for r in got),
                 "peak_backlog_worst": max(r["peak_backlog"] for r in got),
-            })
+            } | ({"vs_noise_bound_median": _median([r["vs_noise_bound"] for r in got]),
+                  "vs_noise_bound_worst": max(r["vs_noise_bound"] for r in got)} if "vs_noise_bound" in got[0] else {}))
         oracle = [case["oracle"] for case in group]
         out.append({
             "trace": trace, "regime": regime, "seeds": [case["seed"] for case in group],
@@ -198,6 +227,8 @@ def summarize(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "oracle_actions_median": _median([o["actions"] for o in oracle]),
             "oracle_all_feasible": all(o["feasible"] for o in oracle),
             "oracle_all_certified": all(o["certified_optimal"] for o in oracle),
+            "noise_bound_vs_oracle_median": _median([c["noise_bound"]["vs_oracle"] for c in group])
+            if all(c.get("noise_bound") for c in group) else None,
             "rows": rows,
         })
     return out

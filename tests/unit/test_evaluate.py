@@ -17,6 +17,8 @@ from typer.testing import CliRunner
 from contracts.backends import BackendKind
 from evaluation.cli import evaluate_command
 from evaluation.model_files import demo_job_model, demo_model
+from evaluation.noise_bound import noise_draws
+from evaluation.oracle import replay_schedule
 from evaluation.simulator import (
     REPORTS_PER_WINDOW,
     WINDOW_S,
@@ -26,7 +28,15 @@ from evaluation.simulator import (
     simulate,
     static_parallelism,
 )
-from evaluation.suite import EvalSettings, eval_config, evaluate_case, oracle_for, start_parallelism
+from evaluation.suite import (
+    EvalSettings,
+    bound_for,
+    eval_config,
+    evaluate_case,
+    oracle_arguments,
+    oracle_for,
+    start_parallelism,
+)
 from evaluation.traces import TraceError, builtin_series, load_trace, own_deviations, read_trace_file, replay
 from plan.policies.static import StaticPolicy
 
@@ -155,7 +165,30 @@ def test_a_case_runs_every_policy_and_the_oracle_on_the_same_load_and_noise() ->
     for run in result["runs"]:
         assert run["vs_oracle"] == pytest.approx(run["slot_seconds"] / result["oracle"]["slot_seconds"], abs=1e-3)
         assert {"slot_seconds", "seconds_beyond_target", "actions", "restarts", "peak_backlog"} <= set(run)
+        assert run["vs_noise_bound"] == pytest.approx(run["slot_seconds"] / result["noise_bound"]["slot_seconds"],
+                                                      abs=1e-3)
+    assert result["noise_bound"]["accepted"] and 0 < result["noise_bound"]["margin"] <= 1
     assert set(result["timelines"]) == {"static", "default", "ds2", "oracle"}
+
+
+def test_the_noise_aware_bounds_schedule_fares_in_the_simulator_as_its_replay_says() -> None:
+    """The bound judges its schedules with the oracle's model; the simulator, run on the same schedule and
+    one of the bound's noise draws, finds the same time beyond the target and the same cost."""
+    settings = EvalSettings(hours=2.0, peak=1000.0)
+    trace = load_trace("wiki", settings.hours, settings.peak, WINDOW_S, "compressed", 1)
+    model = demo_job_model().model(in_place=False)
+    start = start_parallelism(model, trace.rates, settings.max_parallelism)
+    capacities = np.array([0.0, *(model.capacity(p) for p in range(1, settings.max_parallelism + 1))])
+    bound = bound_for(trace, model, start, settings, capacities, seed=1)
+    rates, args = oracle_arguments(trace, model, start, settings)
+    for draw in noise_draws(len(trace.rates), REPORTS_PER_WINDOW, settings.noise, 3, seed=1):
+        replayed = replay_schedule(bound.parallelism, rates, capacities, trace.window_s / REPORTS_PER_WINDOW,
+                                   rate_factors=draw, **args)
+        schedule = ScheduleRunner(bound.parallelism[::REPORTS_PER_WINDOW], trace.window_s)
+        run = simulate(trace, model, schedule, eval_config(settings), start, settings.backlog_target_s,
+                       factors=draw[::REPORTS_PER_WINDOW])
+        assert run.beyond_target_s == replayed.violations * trace.window_s
+        assert run.slot_seconds == pytest.approx(bound.slot_seconds)
 
 
 @pytest.mark.parametrize("backend", list(BackendKind))
