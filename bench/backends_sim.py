@@ -22,7 +22,7 @@ from rich.console import Console
 from bench.common import RESULTS, table, write_result
 from contracts.backends import BackendKind
 from evaluation.suite import EvalSettings, calibration, evaluate_all
-from evaluation.traces import SHARED_TRACES
+from evaluation.traces import DEFAULT_TRACES
 from tests.support.backends import compare
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -31,8 +31,7 @@ app = typer.Typer(add_completion=False, help=__doc__)
 @app.command()
 def main(
     policy: Annotated[list[str] | None, typer.Option(help="Policies to compare; default the default policy.")] = None,
-    trace: Annotated[list[str] | None, typer.Option(help="Traces; default the five real ones, step-up and drop.")]
-        = None,
+    trace: Annotated[list[str] | None, typer.Option(help=f"Traces; default {', '.join(DEFAULT_TRACES)}.")] = None,
     seeds: Annotated[int, typer.Option(min=1)] = 5,
     hours: Annotated[float, typer.Option()] = 6.0,
     workers: Annotated[int, typer.Option(min=1)] = 2,
@@ -41,7 +40,7 @@ def main(
     """Both backends on the same cases; print the comparison and write JSON."""
     console = Console(width=160)
     policies = policy or ["default"]
-    traces = trace or [*SHARED_TRACES, "step-up", "drop"]
+    traces = trace or list(DEFAULT_TRACES)
     base = EvalSettings(hours=hours, seeds=seeds)
     started = time.perf_counter()
     restart, in_place = (evaluate_all(traces, policies, dataclasses.replace(base, backend=kind), workers)

@@ -22,10 +22,10 @@ from evaluation.model_files import WARM_UP_S, JobModelError
 from evaluation.report import markdown, plot, print_convergence, print_held_out, print_table
 from evaluation.suite import EVALUATED, EvalSettings, calibration, cases_of, evaluate_all, summarize
 from evaluation.traces import (
+    DEFAULT_TRACES,
     GAP_FILLS,
     MAX_FILLED_GAP_ROWS,
     REGIMES,
-    SHARED_TRACES,
     TRACE_NAMES,
     TraceError,
     read_trace_file,
@@ -38,7 +38,7 @@ RESULTS = Path("results")  # relative to where the command runs
 def evaluate_command(
     policy: Annotated[list[str] | None, typer.Option(help=f"Policies ({', '.join(POLICIES)}); default all.")] = None,
     trace: Annotated[list[str] | None, typer.Option(
-        help=f"Built-in traces ({', '.join(TRACE_NAMES)}); default the five real ones, step-up and drop.")] = None,
+        help=f"Built-in traces ({', '.join(TRACE_NAMES)}); default {', '.join(DEFAULT_TRACES)}.")] = None,
     trace_file: Annotated[list[Path] | None, typer.Option(
         help="Your own trace: CSV with a header `seconds,rate` (seconds since the start, records/s), any "
              "regular sampling. Repeatable.")] = None,
@@ -105,7 +105,7 @@ def evaluate_command(
         if series.filled:
             console.print(f"{path}: {series.filled} missing rows filled linearly ({len(series.values)} rows of "
                           f"{series.row_s:g} s)")
-    traces = [*(trace or []), *files] or [*SHARED_TRACES, "step-up", "drop"]
+    traces = [*(trace or []), *files] or list(DEFAULT_TRACES)
     if scaling not in ("peak", "mean", "stretch"):
         raise typer.BadParameter("choose peak, mean or stretch", param_hint="--scaling")
     regimes = tuple(regime or REGIMES)

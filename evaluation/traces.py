@@ -4,7 +4,12 @@ A trace is a `Series`: one arrival rate per row, rows a fixed number of seconds 
 from a user's file (`read_trace_file`: CSV with a `seconds,rate` header; missing rows refused, or filled
 on request by `fill_gaps`), from a built-in trace
 (`builtin_series`: the five real traces in evaluation/traces, provenance in its README; pmdarima's
-`taylor`; synthetic shapes), or from the load generator's files (`read_rates`).
+`taylor`; the synthetic ones of `evaluation.synthetic`), or from the load generator's files (`read_rates`).
+The synthetic ones are 1-s shapes made as long as the replay (`step-up`, `drop`, `steps`, `spikes`) and
+two fixed 21-day traces of 5-minute rows replayed like the recorded ones (`jumpy`: a daily 3.2x cycle
+and a weekly +-10 %, the rate moving 4.4 % from one row to the next at the median and 14 % at the 90th
+percentile, mean-reverting heavy-tailed moves; `jumpy-bursty`: the same with bursts of 1.5-2.5x lasting
+30-90 min). `DEFAULT_TRACES` are the ones `autoscaler evaluate` replays when none is named.
 
 `replay` turns a series into one arrival rate per evaluation window:
 - **Scaling** by one factor, keeping the trace's ratios: its peak (default) or its mean to the rate
@@ -30,6 +35,8 @@ from typing import Literal
 
 import numpy as np
 
+from evaluation.synthetic import JUMPY_DESCRIPTIONS, JUMPY_NAMES, JUMPY_ROW_S, jumpy, shape
+
 HERE = Path(__file__).resolve().parent
 TRACES = HERE / "traces"
 EPSILON = 1e-9
@@ -37,10 +44,12 @@ COMPRESSED_ROW_S = 25.0  # compressed regime: a row lasts at most this long (a 5
 LOW_FRACTION = 0.125  # `stretch`: the trace's minimum goes to this fraction of the peak
 TRACE_FILES = {"sine": "sine_60000_6h.csv", "cos": "cos_40000_6h.csv", "avazu": "avazu_5min.csv",
                "iot": "IoT_5min.csv", "wiki": "wiki_en_5min.csv"}
-NATIVE_ROW_SECONDS = {"sine": 1.0, "cos": 1.0, "avazu": 300.0, "iot": 300.0, "wiki": 300.0, "taylor": 1800.0}
+NATIVE_ROW_SECONDS = {"sine": 1.0, "cos": 1.0, "avazu": 300.0, "iot": 300.0, "wiki": 300.0, "taylor": 1800.0,
+                      **dict.fromkeys(JUMPY_NAMES, JUMPY_ROW_S)}
 SHARED_TRACES = tuple(TRACE_FILES)  # the five real traces in evaluation/traces
-SYNTHETIC = ("step-up", "drop", "steps", "spikes")
-TRACE_NAMES = (*SHARED_TRACES, "taylor", *SYNTHETIC)
+SYNTHETIC = ("step-up", "drop", "steps", "spikes")  # 1-s shapes, made `hours` long
+TRACE_NAMES = (*SHARED_TRACES, "taylor", *SYNTHETIC, *JUMPY_NAMES)
+DEFAULT_TRACES = (*SHARED_TRACES, "step-up", "drop", *JUMPY_NAMES)  # `autoscaler evaluate` with no --trace
 Scaling = Literal["peak", "mean", "stretch"]
 Regime = Literal["compressed", "real-time"]
 REGIMES: tuple[Regime, ...] = ("compressed", "real-time")
@@ -191,25 +200,13 @@ def fill_gaps(seconds: np.ndarray, rates: np.ndarray, row_s: float, *, allow: bo
     return values, int(index[-1] + 1 - len(rates))
 
 
-def _synthetic(name: str, hours: float) -> np.ndarray:
-    """One row a second. `step-up`: a quarter of the peak, then the peak from the second hour on (x4);
-    `drop`: the peak, then a quarter of it from the second hour on (/4); `steps`: a level every 30 min;
-    `spikes`: a quiet base with a 3-minute burst to the peak every 45 minutes."""
-    t = np.arange(round(hours * 3600), dtype=float)
-    if name == "step-up":
-        return np.where(t < 3600, 0.25, 1.0)
-    if name == "drop":
-        return np.where(t < 3600, 1.0, 0.25)
-    if name == "steps":
-        levels = np.array([0.2, 0.6, 0.3, 1.0, 0.5, 0.8, 0.15, 0.7, 0.4, 0.9, 0.25, 0.55])
-        return levels[(t // 1800).astype(int) % len(levels)]
-    return np.where((t % 2700) >= 2520, 1.0, 0.3)
-
-
 def builtin_series(name: str, hours: float = 6.0) -> Series:
-    """A built-in trace (`TRACE_NAMES`); synthetic ones are made `hours` long."""
+    """A built-in trace (`TRACE_NAMES`); the 1-s synthetic shapes are made `hours` long, the `jumpy` ones
+    are fixed (`evaluation.synthetic.jumpy`). Only the recorded ones have a sha256 (of their file)."""
     if name in SYNTHETIC:
-        return Series(name, _synthetic(name, hours), 1.0, f"synthetic {name}")
+        return Series(name, shape(name, hours), 1.0, f"synthetic {name}")
+    if name in JUMPY_NAMES:
+        return Series(name, jumpy(bursty=name == "jumpy-bursty"), JUMPY_ROW_S, JUMPY_DESCRIPTIONS[name])
     if name == "taylor":
         import pmdarima as pm
 

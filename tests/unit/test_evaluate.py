@@ -216,7 +216,7 @@ def test_the_oracles_schedule_replayed_in_the_simulator_keeps_the_target_at_the_
 
 
 @settings(max_examples=6, deadline=None)
-@given(name=st.sampled_from(["steps", "spikes", "step-up", "drop", "wiki", "avazu"]),
+@given(name=st.sampled_from(["steps", "spikes", "step-up", "drop", "wiki", "avazu", "jumpy", "jumpy-bursty"]),
        regime=st.sampled_from(["compressed", "real-time"]), seed=st.integers(0, 10_000))
 def test_no_policy_run_within_the_target_is_cheaper_than_the_oracle(name: str, regime: str, seed: int) -> None:
     policies = ["static", "threshold", "ds2", "flink", "reactive", "default"]
