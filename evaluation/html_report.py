@@ -15,13 +15,12 @@ import math
 import re
 from typing import Any
 
-from evaluation.report import _cheapest, _ratio
+from evaluation.report import _cheapest, bound_note, cells, columns
 from evaluation.suite import EvalSettings
 from infra.web import UPLOT_VERSION, uplot_css, uplot_js
 
 ARRIVAL = "arrival rate"
 ORACLE = "oracle"
-COLUMNS = ("policy", "cost / oracle", "cost / static", "beyond target s", "actions", "peak backlog")
 
 
 def _finite(value: Any) -> float | None:
@@ -77,18 +76,15 @@ def _table(summary: dict[str, Any]) -> str:
     caption = (f"{summary['description']}; {len(summary['seeds'])} seeds; start {summary['start_parallelism']} "
                f"slots, static {summary['static_parallelism']}; oracle "
                f"{100 * summary['oracle_vs_static_median']:.0f} % of static, "
-               f"{summary['oracle_actions_median']:g} actions")
+               f"{summary['oracle_actions_median']:g} actions{bound_note(summary)}")
     cheapest = _cheapest(summary)
     rows = []
     for row in summary["rows"]:
         name = e(row["policy"]) + (" *" if row["policy"] == cheapest else "")
-        cells = [_ratio(row["vs_oracle_median"], row["vs_oracle_worst"]), f"{row['vs_static_median']:.2f}",
-                 f"{row['beyond_target_s_median']:.0f} ({row['beyond_target_s_worst']:.0f})",
-                 f"{row['actions_median']:g} ({row['actions_worst']})", f"{row['peak_backlog_worst']:,.0f}"]
         attrs = ' class="cheapest"' if row["policy"] == cheapest else ""
         rows.append(f'<tr{attrs} data-policy="{e(row["policy"])}"><td>{name}</td>'
-                    + "".join(f"<td>{e(cell)}</td>" for cell in cells) + "</tr>")
-    head = "".join(f"<th>{e(column)}</th>" for column in COLUMNS)
+                    + "".join(f"<td>{e(cell)}</td>" for cell in cells(summary, row)) + "</tr>")
+    head = "".join(f"<th>{e(column)}</th>" for column in columns(summary))
     return (f'<table class="policies" data-trace="{e(summary["trace"])}" data-regime="{e(summary["regime"])}">'
             f"<caption>{e(caption)}</caption><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 

@@ -18,7 +18,7 @@ def _cheapest(summary: dict[str, Any]) -> str:
     return min(summary["rows"], key=lambda r: r["vs_oracle_median"])["policy"]
 
 
-def _bound(summary: dict[str, Any]) -> str:
+def bound_note(summary: dict[str, Any]) -> str:
     """The noise-aware bound's cost against the oracle, when the run computed it."""
     ratio = summary.get("noise_bound_vs_oracle_median")
     return "" if ratio is None else f"; noise-aware bound {ratio:.2f}x the oracle"
@@ -28,28 +28,34 @@ def _has_bound(summary: dict[str, Any]) -> bool:
     return summary.get("noise_bound_vs_oracle_median") is not None
 
 
+def columns(summary: dict[str, Any]) -> tuple[str, ...]:
+    """The columns of a trace's table (the bound's where the run computed it), in every form it is shown."""
+    return ("policy", "cost / oracle", *(("cost / bound",) if _has_bound(summary) else ()), "cost / static",
+            "beyond target s", "actions", "peak backlog")
+
+
+def cells(summary: dict[str, Any], row: dict[str, Any]) -> list[str]:
+    """A policy's row of `columns`, after its name: the median (worst) over the seeds."""
+    bound = [_ratio(row["vs_noise_bound_median"], row["vs_noise_bound_worst"])] if _has_bound(summary) else []
+    return [_ratio(row["vs_oracle_median"], row["vs_oracle_worst"]), *bound, f"{row['vs_static_median']:.2f}",
+            f"{row['beyond_target_s_median']:.0f} ({row['beyond_target_s_worst']:.0f})",
+            f"{row['actions_median']:g} ({row['actions_worst']})", f"{row['peak_backlog_worst']:,.0f}"]
+
+
 def print_table(console: Console, summaries: list[dict[str, Any]]) -> None:
-    """Per trace and regime: each policy's cost against the oracle and static, time beyond the backlog
-    target and actions, as the median (worst) over the seeds."""
+    """Per trace and regime: each policy's cost against the oracle (and the noise-aware bound) and static,
+    time beyond the backlog target and actions, as the median (worst) over the seeds."""
     for summary in summaries:
         table = Table(title=f"{summary['trace']} ({summary['regime']}): {summary['description']}; "
                       f"{len(summary['seeds'])} seeds; start {summary['start_parallelism']} slots, static "
                       f"{summary['static_parallelism']}; oracle {100 * summary['oracle_vs_static_median']:.0f} % of "
-                      f"static, {summary['oracle_actions_median']:g} actions{_bound(summary)}", title_justify="left")
-        bounded = _has_bound(summary)
-        for column in ("policy", "cost / oracle", *(("cost / bound",) if bounded else ()), "cost / static",
-                       "beyond target s", "actions", "peak backlog"):
+                      f"static, {summary['oracle_actions_median']:g} actions{bound_note(summary)}",
+                      title_justify="left")
+        for column in columns(summary):
             table.add_column(column, justify="right" if column != "policy" else "left")
         cheapest = _cheapest(summary)
         for row in summary["rows"]:
-            name = row["policy"] + (" *" if row["policy"] == cheapest else "")
-            table.add_row(
-                name, _ratio(row["vs_oracle_median"], row["vs_oracle_worst"]),
-                *((_ratio(row["vs_noise_bound_median"], row["vs_noise_bound_worst"]),) if bounded else ()),
-                f"{row['vs_static_median']:.2f}",
-                f"{row['beyond_target_s_median']:.0f} ({row['beyond_target_s_worst']:.0f})",
-                f"{row['actions_median']:g} ({row['actions_worst']})", f"{row['peak_backlog_worst']:,.0f}",
-            )
+            table.add_row(row["policy"] + (" *" if row["policy"] == cheapest else ""), *cells(summary, row))
         console.print(table)
     console.print("median (worst) over the seeds; * the cheapest policy by median cost; bound: the noise-aware "
                   "bound (evaluation.noise_bound)")
@@ -59,23 +65,17 @@ def markdown(summaries: list[dict[str, Any]], convergence: list[dict[str, Any]])
     """The tables of docs/results.md, as the command printed them."""
     lines: list[str] = []
     for summary in summaries:
+        header = [c.replace("beyond target s", "beyond target (s)") for c in columns(summary)]
         lines += [f"**{summary['trace']}, {summary['regime']}**: {summary['description']}; "
                   f"{len(summary['seeds'])} seeds; start {summary['start_parallelism']} slots, static "
                   f"{summary['static_parallelism']}; oracle {100 * summary['oracle_vs_static_median']:.0f} % of "
                   f"static with {summary['oracle_actions_median']:g} actions (median)"
-                  + (", every run proven optimal" if summary["oracle_all_certified"] else "") + _bound(summary), "",
-                  "| policy | cost / oracle |" + (" cost / bound |" if _has_bound(summary) else "")
-                  + " cost / static | beyond target (s) | actions | peak backlog |",
-                  "|---|---|---|---|---|---|" + ("---|" if _has_bound(summary) else "")]
+                  + (", every run proven optimal" if summary["oracle_all_certified"] else "") + bound_note(summary), "",
+                  "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         cheapest = _cheapest(summary)
         for row in summary["rows"]:
             name = f"**{row['policy']}**" if row["policy"] == cheapest else row["policy"]
-            bound = (f"{_ratio(row['vs_noise_bound_median'], row['vs_noise_bound_worst'])} | "
-                     if _has_bound(summary) else "")
-            lines.append(f"| {name} | {_ratio(row['vs_oracle_median'], row['vs_oracle_worst'])} | {bound}"
-                         f"{row['vs_static_median']:.2f} | {row['beyond_target_s_median']:.0f} "
-                         f"({row['beyond_target_s_worst']:.0f}) | {row['actions_median']:g} ({row['actions_worst']}) | "
-                         f"{row['peak_backlog_worst']:,.0f} |")
+            lines.append("| " + " | ".join([name, *cells(summary, row)]) + " |")
         lines.append("")
     if convergence:
         lines += ["| pipeline | start | from | optimal | steps (parallelism after each) | reached |",
