@@ -3,6 +3,7 @@
   autoscaler evaluate                                 every policy, every trace, 6 h of load each
   autoscaler evaluate --policy default --policy flink --trace wiki
   autoscaler evaluate --live --trace sine             (see evaluation.live)
+  autoscaler evaluate --policy default --explain-gap  where its cost above the oracle's comes from (evaluation.gap)
 
 Each policy of the registry (`plan.registry`) replays each trace in the one simulator
 (`evaluation.simulator`) through our monitor, analyze and plan code, on the job model calibrated
