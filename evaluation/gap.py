@@ -22,11 +22,15 @@ this order:
    run's reason codes are given (`reasons`); without them these windows fall to the categories below. A
    measuring hold holds whatever the policy would have done, so this is the excess the policy had while
    it could not act, not what acting would have saved.
-4. `early_scale_up` (d > 0): the oracle rises to at least p[i] within the next HORIZON_S seconds (the
-   policy scaled up, or stayed up, ahead of the load; a window between two oracle highs counts here).
-5. `late_scale_down` (d > 0): the oracle held at least p[i] within the last HORIZON_S seconds (the policy
+4. `oracle_dip` (d > 0): the oracle held at least p[i] within the last HORIZON_S seconds and does again
+   within the next HORIZON_S: it leaves the policy's level for a few minutes and comes back. The oracle
+   knows each window's load and rate noise in advance, and dips where they allow; a policy that sees them
+   only afterwards holds through.
+5. `early_scale_up` (d > 0): the oracle rises to at least p[i] within the next HORIZON_S seconds (the
+   policy scaled up, or stayed up, ahead of the load).
+6. `late_scale_down` (d > 0): the oracle held at least p[i] within the last HORIZON_S seconds (the policy
    comes down after the load did: its scale-down delay, holds for no real gain, one step at a time).
-6. `margin` (d > 0): the rest: the policy steadily above the oracle, the slots its safe-side estimates buy
+7. `margin` (d > 0): the rest: the policy steadily above the oracle, the slots its safe-side estimates buy
    (the arrival level's upper quantile, the capacity less its noise: docs/policies.md, the default).
 
 `timing`: a run's slot-seconds as the simulator pays them, less the oracle's, less the sum of d[i] x window
@@ -65,7 +69,7 @@ UNDONE_WITHIN_S = 300.0  # a level left again in the opposite direction this soo
 HORIZON_S = 300.0  # the oracle's level this close ahead (behind) makes an excess an early scale-up (late scale-down)
 MEASURING_CODES: tuple[str, ...] = ("stabilizing", "stale_window", "learning", *MeasuringHold.codes, *LevelHold.codes)
 NO_DECISION = "(no decision)"
-PARTS = ("undone", "measuring", "early_scale_up", "late_scale_down", "margin", "below", "timing")
+PARTS = ("undone", "measuring", "oracle_dip", "early_scale_up", "late_scale_down", "margin", "below", "timing")
 WINDOW_PARTS = PARTS[:-1]  # the categories a window's difference goes to
 _EPSILON = 1e-9
 
@@ -80,6 +84,7 @@ class GapDecomposition:
     oracle_slot_seconds: float
     undone: float
     measuring: float
+    oracle_dip: float
     early_scale_up: float
     late_scale_down: float
     margin: float
@@ -172,6 +177,8 @@ def window_categories(policy: Sequence[int], oracle: Sequence[int], window_s: fl
             out.append("undone")
         elif reasons is not None and reasons[i] in MEASURING_CODES:
             out.append("measuring")
+        elif ahead[i] >= p[i] and behind[i] >= p[i]:
+            out.append("oracle_dip")
         elif ahead[i] >= p[i]:
             out.append("early_scale_up")
         elif behind[i] >= p[i]:

@@ -43,12 +43,14 @@ def print_table(console: Console, summaries: list[dict[str, Any]]) -> None:
     console.print("median (worst) over the seeds; * the cheapest policy by median cost")
 
 
-GAP_COLUMNS = {"gap": "above oracle", "undone": "undone", "measuring": "measuring", "early_scale_up": "early up",
-               "late_scale_down": "late down", "margin": "margin", "below": "below", "timing": "timing"}
-GAP_NOTE = ("the policy's slot-seconds above the oracle's and their parts (`evaluation.gap`), as % of the oracle's "
-            "cost, median over the seeds (so the parts need not sum to the median gap); early up and late down: "
-            f"the oracle at the policy's level within {HORIZON_S:g} s ahead or behind; rescales undone: left again "
-            f"the other way within {UNDONE_WITHIN_S:g} s; counts: the policy's (the oracle's), median")
+GAP_COLUMNS = {"gap": "gap", "undone": "undone", "measuring": "measuring", "oracle_dip": "dips",
+               "early_scale_up": "early up", "late_scale_down": "late down", "margin": "margin", "below": "below",
+               "timing": "timing"}
+GAP_NOTE = ("the policy's slot-seconds above the oracle's (gap) and its parts (`evaluation.gap`) in % of the oracle's "
+            "cost, median over the seeds (so the parts need not sum to the median gap); dips, early up, late down: "
+            f"the oracle at the policy's level within {HORIZON_S:g} s ahead and behind, ahead, behind; rescales "
+            f"undone: levels left again the other way within {UNDONE_WITHIN_S:g} s; counts: the policy's (the "
+            "oracle's), median")
 
 
 def _percent(share: float) -> str:
@@ -64,7 +66,7 @@ def gap_cells(row: dict[str, Any]) -> list[str]:
 
 
 def gap_headers() -> list[str]:
-    return ["trace (regime)", *(f"{name} %" for name in GAP_COLUMNS.values()), "rescales undone", "actions"]
+    return ["trace (regime)", *GAP_COLUMNS.values(), "rescales undone", "actions"]
 
 
 def print_gap_table(console: Console, gaps: list[dict[str, Any]]) -> None:
@@ -72,7 +74,8 @@ def print_gap_table(console: Console, gaps: list[dict[str, Any]]) -> None:
     comes from."""
     if not gaps:
         return
-    table = Table(title=f"Where {gaps[0]['policy']}'s cost above the oracle's comes from", title_justify="left")
+    table = Table(title=f"Where {gaps[0]['policy']}'s cost above the oracle's comes from (% of the oracle's cost)",
+                  title_justify="left")
     for i, column in enumerate(gap_headers()):
         table.add_column(column, justify="left" if i == 0 else "right")
     for row in gaps:

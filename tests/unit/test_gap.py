@@ -19,6 +19,7 @@ from evaluation.gap import (
     MEASURING_CODES,
     PARTS,
     WINDOW_PARTS,
+    GapDecomposition,
     decompose,
     reasons_per_window,
     summarize_gaps,
@@ -91,9 +92,12 @@ def test_a_longer_horizon_only_moves_margin_to_early_and_late(
     policy, oracle, reasons = case
     near = decompose(policy, oracle, W, reasons=reasons, horizon_s=min(short, long))
     far = decompose(policy, oracle, W, reasons=reasons, horizon_s=max(short, long))
-    # Windows move from margin to early or late, from late to early, and out of undone excursions the oracle
-    # comes near (into any part but below); nothing else moves.
-    assert far.early_scale_up + far.late_scale_down >= near.early_scale_up + near.late_scale_down
+    # Windows move from margin to a dip, early or late, from early or late to a dip, and out of undone
+    # excursions the oracle comes near (into any part but below); nothing else moves.
+    def near_the_oracle(got: GapDecomposition) -> float:
+        return got.oracle_dip + got.early_scale_up + got.late_scale_down
+
+    assert near_the_oracle(far) >= near_the_oracle(near) and far.oracle_dip >= near.oracle_dip
     assert far.undone <= near.undone and far.measuring >= near.measuring and far.below == near.below
     assert far.margin <= near.margin + (near.undone - far.undone)
     assert far.gap == near.gap and far.undone_rescales == near.undone_rescales
@@ -134,6 +138,15 @@ def test_early_scale_ups_and_late_scale_downs() -> None:
     # With a horizon of one window, only the window just before and just after.
     got = decompose(policy, oracle, W, horizon_s=10.0)
     assert (got.early_scale_up, got.late_scale_down, got.margin) == (20.0, 20.0, 60.0)
+
+
+def test_holding_through_a_dip_of_the_oracle() -> None:
+    # The oracle leaves 4 for two windows and comes back: the policy held through a dip.
+    got = decompose([4] * 7, [4, 4, 2, 2, 4, 4, 4], W, horizon_s=30.0)
+    assert (got.oracle_dip, got.early_scale_up, got.late_scale_down, got.margin) == (40.0, 0.0, 0.0, 0.0)
+    # With a horizon of one window, the dip's first window was late and its last early.
+    got = decompose([4] * 7, [4, 4, 2, 2, 4, 4, 4], W, horizon_s=10.0)
+    assert (got.oracle_dip, got.early_scale_up, got.late_scale_down) == (0.0, 20.0, 20.0)
 
 
 def test_measuring_holds_come_from_the_decisions_reasons() -> None:
