@@ -17,9 +17,10 @@ from rich.progress import Progress
 
 from contracts.backends import BackendKind
 from evaluation.convergence import experiment
+from evaluation.gap import summarize_gaps
 from evaluation.html_report import report_page
 from evaluation.model_files import WARM_UP_S, JobModelError
-from evaluation.report import markdown, plot, print_convergence, print_held_out, print_table
+from evaluation.report import markdown, plot, print_convergence, print_gap_table, print_held_out, print_table
 from evaluation.suite import EVALUATED, EvalSettings, calibration, cases_of, evaluate_all, summarize
 from evaluation.traces import (
     DEFAULT_TRACES,
@@ -76,6 +77,13 @@ def evaluate_command(
     html: Annotated[Path | None, typer.Option(
         help="Also write one self-contained HTML page here: the tables, and per trace and regime a chart of "
              "the first seed's load and every policy's and the oracle's parallelism.")] = None,
+    explain_gap: Annotated[bool, typer.Option(
+        help="Also print (and write to the markdown and --html) where --gap-policy's cost above the oracle's comes "
+             "from, per trace and regime: rescales undone within minutes, measuring holds, early scale-ups, late "
+             "scale-downs, safety margin, windows below the oracle (evaluation.gap). Every run's decomposition is "
+             "in the JSON either way (its row's gap).")] = False,
+    gap_policy: Annotated[str, typer.Option(help="--explain-gap: the policy explained (one of those run).")
+    ] = DEFAULT_POLICY,
     live: Annotated[bool, typer.Option(help="Replay one trace against the real Spark job through the agents.")] = False,
     live_minutes: Annotated[float, typer.Option(help="--live: minutes of replay.")] = 12.0,
     live_trace_hours: Annotated[float, typer.Option(help="--live: hours of the trace replayed in them.")] = 2.0,
@@ -112,6 +120,9 @@ def evaluate_command(
     for name in regimes:
         if name not in REGIMES:
             raise typer.BadParameter(f"choose from {', '.join(REGIMES)}", param_hint="--regime")
+    if explain_gap and gap_policy not in policies:
+        raise typer.BadParameter(f"{gap_policy!r} is not among the policies run ({', '.join(policies)})",
+                                 param_hint="--gap-policy")
     if seeds < 1:
         raise typer.BadParameter("at least one seed", param_hint="--seeds")
     kinds = {"restart": BackendKind.RESTART, "inplace": BackendKind.IN_PLACE, "in_place": BackendKind.IN_PLACE}
@@ -128,6 +139,8 @@ def evaluate_command(
         raise typer.BadParameter(str(exc), param_hint="--job-model") from None
     if live and html is not None:
         raise typer.BadParameter("the page reports the simulated suite, not --live", param_hint="--html")
+    if live and explain_gap:
+        raise typer.BadParameter("the gap is explained for the simulated suite, not --live", param_hint="--explain-gap")
     if live:
         from evaluation.live import run_live_evaluation
 
@@ -143,6 +156,8 @@ def evaluate_command(
     elapsed = time.perf_counter() - started
     summaries = summarize(results)
     print_table(console, summaries)
+    gaps = summarize_gaps(results, gap_policy) if explain_gap else []
+    print_gap_table(console, gaps)
     plot_dir = plots or json_out.parent / "evaluate"
     paths = [plot(result, plot_dir) for result in results if result["seed"] == first_seed]
     ds2_convergence = experiment()
@@ -152,14 +167,14 @@ def evaluate_command(
         "settings": {**settings.__dict__, "regimes": list(settings.regimes)}, "policies": policies,
         "traces": traces, "wall_s": round(elapsed, 2), "workers": workers, "calibration": calibration(settings),
         "summaries": summaries, "cases": results, "ds2_convergence": ds2_convergence,
-    }, indent=1))
-    json_out.with_suffix(".md").write_text(markdown(summaries, ds2_convergence))
+    } | ({"gaps": gaps} if explain_gap else {}), indent=1))
+    json_out.with_suffix(".md").write_text(markdown(summaries, ds2_convergence, gaps))
     console.print(f"{len(policies)} policies x {len(cases)} cases, rescaled by {settings.backend.value}, in "
                   f"{elapsed:.1f} s on {workers} workers; wrote "
                   f"{json_out}, {json_out.with_suffix('.md').name} and {len(paths)} plots in {plot_dir}")
     if html is not None:
         html.parent.mkdir(parents=True, exist_ok=True)
-        html.write_text(report_page(results, summaries, settings), encoding="utf-8")
+        html.write_text(report_page(results, summaries, settings, gaps), encoding="utf-8")
         console.print(f"wrote the report page {html}")
 
 

@@ -15,7 +15,7 @@ import math
 import re
 from typing import Any
 
-from evaluation.report import _cheapest, bound_note, cells, columns
+from evaluation.report import GAP_NOTE, _cheapest, bound_note, cells, columns, gap_cells, gap_headers
 from evaluation.suite import EvalSettings
 from infra.web import UPLOT_VERSION, uplot_css, uplot_js
 
@@ -89,6 +89,20 @@ def _table(summary: dict[str, Any]) -> str:
             f"<caption>{e(caption)}</caption><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
+def _gap_section(gaps: list[dict[str, Any]]) -> str:
+    """The `--explain-gap` table (`evaluation.report.print_gap_table`'s rows); empty without rows."""
+    if not gaps:
+        return ""
+    e = html.escape
+    head = "".join(f"<th>{e(column)}</th>" for column in gap_headers())
+    rows = "".join(f'<tr data-trace="{e(row["trace"])}" data-regime="{e(row["regime"])}">'
+                   + "".join(f"<td>{e(cell)}</td>" for cell in [f"{row['trace']} ({row['regime']})", *gap_cells(row)])
+                   + "</tr>" for row in gaps)
+    return (f'<section><h2>Where {e(gaps[0]["policy"])}\'s cost above the oracle\'s comes from</h2>'
+            f'<table class="policies gap"><caption>{e(GAP_NOTE)}</caption><thead><tr>{head}</tr></thead>'
+            f"<tbody>{rows}</tbody></table></section>")
+
+
 def _header(cases: list[dict[str, Any]], summaries: list[dict[str, Any]], settings: EvalSettings) -> str:
     """What was run, from the run's settings."""
     regimes: dict[str, list[str]] = {}
@@ -114,9 +128,11 @@ def _header(cases: list[dict[str, Any]], summaries: list[dict[str, Any]], settin
     return f'<table class="settings">{rows}</table>'
 
 
-def report_page(cases: list[dict[str, Any]], summaries: list[dict[str, Any]], settings: EvalSettings) -> str:
+def report_page(cases: list[dict[str, Any]], summaries: list[dict[str, Any]], settings: EvalSettings,
+                gaps: list[dict[str, Any]] | None = None) -> str:
     """The page: `cases` as `evaluation.suite.evaluate_all` returns them, `summaries` as `summarize`
-    makes them from those cases, `settings` the run's. Returns the HTML text."""
+    makes them from those cases, `settings` the run's, `gaps` as `evaluation.gap.summarize_gaps` makes
+    them (`--explain-gap`: a table after the policies' sections). Returns the HTML text."""
     firsts = first_seeds(cases)
     charts = [chart_data(case) for case in firsts.values()]
     positions = {(chart["trace"], chart["regime"]): i for i, chart in enumerate(charts)}
@@ -133,7 +149,7 @@ def report_page(cases: list[dict[str, Any]], summaries: list[dict[str, Any]], se
         sections.append(f'<section><h2>{title}</h2>{_table(summary)}{chart}</section>')
     data = {"charts": charts, "policies": [row["policy"] for row in summaries[0]["rows"]] if summaries else []}
     parts = {"uplot_css": uplot_css(), "uplot_version": UPLOT_VERSION, "header": _header(cases, summaries, settings),
-             "sections": "".join(sections), "data": embed_json(data), "uplot_js": uplot_js()}
+             "sections": "".join(sections) + _gap_section(gaps or []), "data": embed_json(data), "uplot_js": uplot_js()}
     # One pass: text put in is never searched for placeholders.
     return re.sub(r"\{\{(\w+)\}\}", lambda match: parts[match.group(1)], PAGE)
 

@@ -9,6 +9,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from evaluation.gap import HORIZON_S, UNDONE_WITHIN_S
+
 
 def _ratio(median: float, worst: float) -> str:
     return f"{median:.2f} ({worst:.2f})"
@@ -61,8 +63,61 @@ def print_table(console: Console, summaries: list[dict[str, Any]]) -> None:
                   "bound (evaluation.noise_bound)")
 
 
-def markdown(summaries: list[dict[str, Any]], convergence: list[dict[str, Any]]) -> str:
-    """The tables of docs/results.md, as the command printed them."""
+GAP_COLUMNS = {"gap": "gap", "undone": "undone", "measuring": "measuring", "oracle_dip": "dips",
+               "early_scale_up": "early up", "late_scale_down": "late down", "margin": "margin", "below": "below",
+               "timing": "timing"}
+GAP_NOTE = ("the policy's slot-seconds above the oracle's (gap) and its parts (`evaluation.gap`) in % of the oracle's "
+            "cost, median over the seeds (so the parts need not sum to the median gap); dips, early up, late down: "
+            f"the oracle at the policy's level within {HORIZON_S:g} s ahead and behind, ahead, behind; rescales "
+            f"undone: levels left again the other way within {UNDONE_WITHIN_S:g} s; counts: the policy's (the "
+            "oracle's), median")
+
+
+def _percent(share: float) -> str:
+    return f"{100 * share:+.1f}" if abs(share) >= 5e-4 else "0"
+
+
+def gap_cells(row: dict[str, Any]) -> list[str]:
+    """One trace and regime of `evaluation.gap.summarize_gaps`: the cells after its name, as every table shows
+    them (the parts in %, then the rescales undone and the actions, the policy's and the oracle's)."""
+    return [*(_percent(row["shares"][key]) for key in GAP_COLUMNS),
+            f"{row['undone_rescales']:g} ({row['oracle_undone_rescales']:g})",
+            f"{row['actions']:g} ({row['oracle_actions']:g})"]
+
+
+def gap_headers() -> list[str]:
+    return ["trace (regime)", *GAP_COLUMNS.values(), "rescales undone", "actions"]
+
+
+def print_gap_table(console: Console, gaps: list[dict[str, Any]]) -> None:
+    """`autoscaler evaluate --explain-gap`: per trace and regime, where one policy's cost above the oracle's
+    comes from."""
+    if not gaps:
+        return
+    table = Table(title=f"Where {gaps[0]['policy']}'s cost above the oracle's comes from (% of the oracle's cost)",
+                  title_justify="left")
+    for i, column in enumerate(gap_headers()):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for row in gaps:
+        table.add_row(f"{row['trace']} ({row['regime']})", *gap_cells(row))
+    console.print(table)
+    console.print(GAP_NOTE)
+
+
+def gap_markdown(gaps: list[dict[str, Any]]) -> list[str]:
+    """The `--explain-gap` table as markdown lines (none without rows)."""
+    if not gaps:
+        return []
+    headers = gap_headers()
+    return [f"**Where {gaps[0]['policy']}'s cost above the oracle's comes from**: {GAP_NOTE}", "",
+            "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
+            *(f"| {row['trace']} ({row['regime']}) | " + " | ".join(gap_cells(row)) + " |" for row in gaps), ""]
+
+
+def markdown(summaries: list[dict[str, Any]], convergence: list[dict[str, Any]],
+             gaps: list[dict[str, Any]] | None = None) -> str:
+    """The tables of docs/results.md, as the command printed them (with `gaps`, the `--explain-gap` table
+    after the policies')."""
     lines: list[str] = []
     for summary in summaries:
         header = [c.replace("beyond target s", "beyond target (s)") for c in columns(summary)]
@@ -77,6 +132,7 @@ def markdown(summaries: list[dict[str, Any]], convergence: list[dict[str, Any]])
             name = f"**{row['policy']}**" if row["policy"] == cheapest else row["policy"]
             lines.append("| " + " | ".join([name, *cells(summary, row)]) + " |")
         lines.append("")
+    lines += gap_markdown(gaps or [])
     if convergence:
         lines += ["| pipeline | start | from | optimal | steps (parallelism after each) | reached |",
                   "|---|---|---|---|---|---|"]

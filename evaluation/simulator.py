@@ -42,7 +42,8 @@ REPORT_EARLY_S = 1e-3
 class PolicyRunner:
     """A policy driven as the plan agent drives it: the job's loop (`evaluation.loop.JobLoop`) with
     the policy, whose decisions are counted here (reasons, and each observed recovery beside its
-    prediction, as execute publishes them in `recovered` events)."""
+    prediction, as execute publishes them in `recovered` events). `decided` holds each decision's
+    reason code with the end of the window it was taken at (seconds since the load started)."""
 
     def __init__(self, policy: ScalingPolicy, config: JobConfig, job_id: str = "eval",
                  quota: int | None = None) -> None:
@@ -54,6 +55,7 @@ class PolicyRunner:
         self.knowledge = self.loop.knowledge
         self.reasons: Counter[str] = Counter()
         self.recoveries: list[dict[str, Any]] = []
+        self.decided: list[tuple[float, str]] = []
 
     @property
     def state(self) -> PlanState:
@@ -65,6 +67,7 @@ class PolicyRunner:
         decided = self.loop.decide(analysis)
         plan = decided.plan
         self.reasons[plan.reason.code] += 1
+        self.decided.append((analysis.window_end - EPOCH, plan.reason.code))
         self.recoveries += [{"at_s": analysis.window_end - EPOCH, **n.numbers} for n in plan.notices
                             if n.code == "recovered"]
         command = self.loop.execute(decided.decision)

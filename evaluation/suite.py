@@ -3,6 +3,7 @@
   autoscaler evaluate                                 every policy, every trace, 6 h of load each
   autoscaler evaluate --policy default --policy flink --trace wiki
   autoscaler evaluate --live --trace sine             (see evaluation.live)
+  autoscaler evaluate --policy default --explain-gap  where its cost above the oracle's comes from (evaluation.gap)
 
 Each policy of the registry (`plan.registry`) replays each trace in the one simulator
 (`evaluation.simulator`) through our monitor, analyze and plan code, on the job model calibrated
@@ -27,6 +28,7 @@ import numpy as np
 from contracts.backends import BackendKind
 from contracts.jobs import JobConfig
 from evaluation.forecasts import FORECAST_STEP_S, forecast_stream, one_blas_thread
+from evaluation.gap import GapDecomposition, gap_of_run
 from evaluation.jobmodel import JobModel
 from evaluation.model_files import JobModelFile, load_job_model
 from evaluation.noise_bound import NoiseAwareBound, noise_aware_bound
@@ -152,6 +154,7 @@ def evaluate_case(name: str, regime: Regime, seed: int, policies: Sequence[str],
     oracle, loose = oracle_for(trace, model, factors, start, settings, capacities)
     bound = bound_for(trace, model, start, settings, capacities, seed) if settings.noise_bound else None
     runs = []
+    gaps: list[GapDecomposition] = []
     for policy_name in policies:
         policy = make_policy(policy_name, **baseline_parameters(policy_name, trace.compression))
         runner = PolicyRunner(policy, config.model_copy(update={"policy": policy_name}))
@@ -159,11 +162,14 @@ def evaluate_case(name: str, regime: Regime, seed: int, policies: Sequence[str],
         runs.append(simulate(trace, model, runner, config, first, settings.backlog_target_s,
                              forecasts if policy_name in forecasting else None, seed, noise,
                              factors=factors))
+        gaps.append(gap_of_run(runs[-1], runner.decided, oracle.parallelism[::REPORTS_PER_WINDOW], oracle.slot_seconds))
     static_cost = static_p * trace.duration_s
     rows = [_renamed(run.summary()) | {"restarts": run.actions,
                              "vs_static": round(run.slot_seconds / static_cost, 4),
                              "vs_oracle": round(run.slot_seconds / oracle.slot_seconds, 4)}
             | ({"vs_noise_bound": round(run.slot_seconds / bound.slot_seconds, 4)} if bound else {}) for run in runs]
+    for row, gap in zip(rows, gaps, strict=True):
+        row["gap"] = gap.as_dict()  # on every window of the run (`evaluation.gap`)
     return {
         "trace": name, "regime": regime, "seed": seed, "description": trace.description, "sha256": trace.sha256,
         "compression": trace.compression, "windows": len(trace.rates),
