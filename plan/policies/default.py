@@ -110,12 +110,14 @@ def planned_rates(level: float, forecast: ForecastView | None, now: float, steps
                   trusted: bool = True, band: float = math.inf, floor: bool = True) -> np.ndarray:
     """The arrival rate to plan each step with: the level's upper quantile, raised where a trusted forecast
     expects more. The forecast counts as its relative change: its upper quantile at the step's middle over
-    its first value, applied to the level (the last value beyond its end; before its first point the
-    level stands alone). It is used when its change over the next minutes has come true lately
-    (`trusted`, see `plan.forecast_skill`) and it starts near the level (within FORECAST_MAX_OFFSET). Its
-    upper quantile is capped at `band` (a log ratio) above its point forecast: no wider than its errors
-    (`band=0`: the point forecast). Without `floor`, a forecast that falls lowers the rates below the level
-    too: what is expected, not what is safe to plan with."""
+    its upper quantile at its first point, applied to the level (the last value beyond its end; before its
+    first point the level stands alone). The level's quantile already covers the uncertainty of the rate
+    now, so only the forecast's change and the widening of its band with the lead count on top of it (over
+    the point forecast's first value the band would count twice; docs/results.md). It is used when its
+    change over the next minutes has come true lately (`trusted`, see `plan.forecast_skill`) and it starts
+    near the level (within FORECAST_MAX_OFFSET). Its upper quantile is capped at `band` (a log ratio) above
+    its point forecast: no wider than its errors (`band=0`: the point forecast). Without `floor`, a forecast
+    that falls lowers the rates below the level too: what is expected, not what is safe to plan with."""
     rates = np.full(steps, level)
     if not trusted or forecast is None or not forecast.values or forecast.values[0] <= 0:
         return rates
@@ -125,6 +127,7 @@ def planned_rates(level: float, forecast: ForecastView | None, now: float, steps
     values = np.asarray(forecast.values, dtype=float)
     if forecast.upper and len(forecast.upper) == len(values):
         values = capped_upper(values, forecast.upper, band)
+        first = float(values[0])
     times = forecast.start + np.arange(len(values)) * forecast.step_s
     middles = now + (np.arange(steps) + 0.5) * step_s
     expected = level * np.interp(middles, times, values, left=first) / first

@@ -72,13 +72,17 @@ def test_a_forecast_raises_the_planned_rate_only_when_it_is_trusted() -> None:
     view = ForecastView(values=[100.0, 150.0, 200.0], upper=[110.0, 170.0, 230.0], start=60.0, step_s=60.0,
                         method="arima", wape=0.05)
     rates = planned_rates(100.0, view, 0.0, 4, 60.0)
-    assert rates[0] == 100.0 and rates[-1] == pytest.approx(230.0)
+    # The upper quantile's change from its first point (110 -> 230), on the level: the band at the first point
+    # is not added on top of the level's own quantile.
+    assert rates[0] == 100.0 and rates[-1] == pytest.approx(100.0 * 230.0 / 110.0)
     assert (planned_rates(100.0, view, 0.0, 4, 60.0, trusted=False) == 100.0).all()
     far = view.model_copy(update={"values": [300.0, 300.0, 300.0]})
     assert (planned_rates(100.0, far, 0.0, 4, 60.0) == 100.0).all()
 
     narrow = planned_rates(100.0, view, 0.0, 4, 60.0, band=math.log(1.05))  # errors of 5 % at most
-    assert narrow[-1] == pytest.approx(200.0 * 1.05)  # the interval no wider than the errors seen
+    # The interval no wider than the errors seen: capped at 5 % over the point forecast at every lead, so only
+    # the point forecast's change (100 -> 200) is left.
+    assert narrow[-1] == pytest.approx(200.0)
 
 
 def test_the_expected_rates_follow_the_point_forecast_down_too() -> None:
