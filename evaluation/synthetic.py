@@ -28,6 +28,7 @@ exponential by their inverse CDFs), whose stream numpy keeps stable across versi
 from __future__ import annotations
 
 import numpy as np
+from scipy.signal import lfilter
 
 JUMPY_NAMES = ("jumpy", "jumpy-bursty")
 JUMPY_ROW_S = 300.0
@@ -79,13 +80,8 @@ def laplace(uniforms: np.ndarray, scale: float) -> np.ndarray:
 
 
 def ar1(innovations: np.ndarray, phi: float) -> np.ndarray:
-    """x_t = phi x_(t-1) + e_t from x = 0 before the first innovation."""
-    out = np.empty_like(innovations)
-    level = 0.0
-    for i, e in enumerate(innovations):
-        level = phi * level + e
-        out[i] = level
-    return out
+    """x_t = phi x_(t-1) + e_t from x = 0 before the first innovation (scipy's IIR filter 1 / (1 - phi B))."""
+    return np.asarray(lfilter([1.0], [1.0, -phi], innovations))
 
 
 def seasonal(rows: int) -> np.ndarray:
