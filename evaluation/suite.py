@@ -109,10 +109,10 @@ def oracle_arguments(trace: Trace, model: JobModel, start: int, settings: EvalSe
     checkpoint boundaries, and in place nothing is replayed)."""
     half = REPORTS_PER_WINDOW
     args: dict[str, Any] = {
-        "restart_downtime_s": model.downtime(1, 2), "downtime_down_s": model.downtime(2, 1),
-        "ramp_s": model.ramp(1, 2), "replay_records": 0.0, "backlog_target_s": settings.backlog_target_s,
-        "grace_s": 0.0, "decision_s": trace.window_s, "initial_parallelism": start, "check_every": half,
-        "first_decision_s": trace.window_s,
+        "dt": trace.window_s / half, "restart_downtime_s": model.downtime(1, 2),
+        "downtime_down_s": model.downtime(2, 1), "ramp_s": model.ramp(1, 2), "replay_records": 0.0,
+        "backlog_target_s": settings.backlog_target_s, "grace_s": 0.0, "decision_s": trace.window_s,
+        "initial_parallelism": start, "check_every": half, "first_decision_s": trace.window_s,
     }
     return np.repeat(trace.rates, half), args
 
@@ -121,17 +121,17 @@ def oracle_for(trace: Trace, model: JobModel, factors: np.ndarray, start: int, s
                capacities: np.ndarray) -> tuple[Any, Any]:
     """The oracle and its free-rescale relaxation (`oracle_arguments`), with the same noise as the policies."""
     rates, args = oracle_arguments(trace, model, start, settings)
-    dt, noise = trace.window_s / REPORTS_PER_WINDOW, np.repeat(factors, REPORTS_PER_WINDOW)
-    return (oracle_with_restarts(rates, capacities, dt, rate_factors=noise, **args),
-            oracle_without_restarts(rates, capacities, dt, rate_factors=noise, **args))
+    noise = np.repeat(factors, REPORTS_PER_WINDOW)
+    return (oracle_with_restarts(rates, capacities, rate_factors=noise, **args),
+            oracle_without_restarts(rates, capacities, rate_factors=noise, **args))
 
 
 def bound_for(trace: Trace, model: JobModel, start: int, settings: EvalSettings, capacities: np.ndarray,
               seed: int) -> NoiseAwareBound:
     """The noise-aware bound on the oracle's terms (`oracle_arguments`), knowing the noise's law only."""
     rates, args = oracle_arguments(trace, model, start, settings)
-    return noise_aware_bound(rates, capacities, trace.window_s / REPORTS_PER_WINDOW, sigma=settings.noise,
-                             probability=BOUND_PROBABILITY, seed=seed, **args)
+    return noise_aware_bound(rates, capacities, sigma=settings.noise, probability=BOUND_PROBABILITY, seed=seed,
+                             **args)
 
 
 def evaluate_case(name: str, regime: Regime, seed: int, policies: Sequence[str], settings: EvalSettings

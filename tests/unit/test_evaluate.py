@@ -182,8 +182,7 @@ def test_the_noise_aware_bounds_schedule_fares_in_the_simulator_as_its_replay_sa
     bound = bound_for(trace, model, start, settings, capacities, seed=1)
     rates, args = oracle_arguments(trace, model, start, settings)
     for draw in noise_draws(len(trace.rates), REPORTS_PER_WINDOW, settings.noise, 3, seed=1):
-        replayed = replay_schedule(bound.parallelism, rates, capacities, trace.window_s / REPORTS_PER_WINDOW,
-                                   rate_factors=draw, **args)
+        replayed = replay_schedule(bound.parallelism, rates, capacities, rate_factors=draw, **args)
         schedule = ScheduleRunner(bound.parallelism[::REPORTS_PER_WINDOW], trace.window_s)
         run = simulate(trace, model, schedule, eval_config(settings), start, settings.backlog_target_s,
                        factors=draw[::REPORTS_PER_WINDOW])
