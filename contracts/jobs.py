@@ -124,6 +124,15 @@ class JobConfig(BaseModel):
     planned_capacity_error: float = Field(
         0.1, gt=0, le=10, description="The planned capacity's relative error (its weight against measurements)."
     )
+    cluster: str = Field(
+        "", max_length=64, pattern=r"^([a-z0-9][a-z0-9_.-]{0,63})?$", description="The cluster whose slot budget "
+        "the job shares (`autoscaler cluster add`); its slots are then allocated across the cluster's jobs "
+        "(`plan.fleet`). Empty: the job is planned alone."
+    )
+    weight: float = Field(
+        1.0, gt=0, le=100, description="On a cluster whose budget binds: how much the job's time beyond its "
+        "backlog target counts against the others' (a job of weight 2 gives way after one of weight 1)."
+    )
     excluded_periods: str = Field(
         "", description="UTC ranges without rescaling, `;`-separated: `22:00-06:00`, `Sat,Sun 00:00-24:00`, "
         "`2026-12-24T00:00/2026-12-27T00:00`."
