@@ -16,11 +16,13 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
 from contracts.execution import InFlight, LockHolder
+from contracts.fleet import ClusterConfig, FleetGrant, FleetState
 from contracts.jobs import JobConfig, validate_overrides
 from contracts.plan_state import PLAN_STATE_VERSION, Direction, PlanState
 from contracts.settings import Settings
 from contracts.window_state import WindowState
 from knowledge import stored_forms
+from knowledge.fleet_rules import FleetStep, check_fleet
 from knowledge.protocols import DECISION_MARKER_TTL_S, HISTORY, REPUBLISH_SCAN, WATERMARKS, Stage
 from knowledge.redis_execution import inflight_fields, load_inflight
 
@@ -55,6 +57,8 @@ class MemoryKnowledge:
         self._inflight: dict[str, dict[str, str]] = {}  # the stored fields, as Redis keeps them
         self._deadlines: dict[str, float] = {}
         self._allocations: dict[str, int] = {}
+        self._clusters: dict[str, ClusterConfig] = {}
+        self._fleets: dict[str, FleetState] = {}
         self._counters: defaultdict[str, int] = defaultdict(int)
 
     async def ping(self) -> bool:
@@ -79,6 +83,9 @@ class MemoryKnowledge:
     async def register_job(self, job_id: str, overrides: dict[str, str] | None = None) -> JobConfig:
         merged = {**self._config.get(job_id, {}), **(overrides or {})}
         config = validate_overrides(self.settings, merged, {})
+        if config.cluster:
+            check_fleet(config.cluster, self._clusters.get(config.cluster),
+                        {**self._minimums(config.cluster), job_id: config.min_parallelism})
         self._jobs.add(job_id)
         self._config[job_id] = merged
         return config
@@ -100,6 +107,9 @@ class MemoryKnowledge:
     async def unregister_job(self, job_id: str) -> None:
         self._jobs.discard(job_id)
         self._allocations.pop(job_id, None)
+        for name, fleet in self._fleets.items():
+            self._fleets[name] = FleetState(bids={j: b for j, b in fleet.bids.items() if j != job_id},
+                                            held={j: h for j, h in fleet.held.items() if j != job_id})
         for store in (self._config, self._windows, self._state, self._forecasts, self._fences, self._locks,
                       self._inflight, self._deadlines):
             store.pop(job_id, None)  # type: ignore[attr-defined]
@@ -266,6 +276,33 @@ class MemoryKnowledge:
         granted = max(current, min(wanted, quota - others))
         if commit:
             self._allocations[job_id] = granted
+        return granted
+
+    # ---------------------------------------------------------------- clusters and fleets
+
+    def _minimums(self, cluster: str) -> dict[str, int]:
+        configs = {job: JobConfig.resolve(self.settings, self._config.get(job, {})) for job in self._jobs}
+        return {job: c.min_parallelism for job, c in configs.items() if c.cluster == cluster}
+
+    async def register_cluster(self, cluster: ClusterConfig) -> None:
+        check_fleet(cluster.name, cluster, self._minimums(cluster.name))
+        self._clusters[cluster.name] = cluster
+
+    async def remove_cluster(self, name: str) -> None:
+        self._clusters.pop(name, None)
+        self._fleets.pop(name, None)
+
+    async def clusters(self) -> dict[str, ClusterConfig]:
+        return dict(self._clusters)
+
+    async def fleet_state(self, name: str) -> FleetState:
+        return self._fleets.get(name, FleetState())
+
+    async def update_fleet(self, name: str, step: FleetStep) -> FleetGrant | None:
+        cluster = self._clusters.get(name)
+        if cluster is None:
+            return None
+        self._fleets[name], granted = step(self._fleets.get(name, FleetState()), cluster.budget)
         return granted
 
     async def incr_counters(self, counts: dict[str, int]) -> None:

@@ -11,9 +11,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Protocol
 
 from contracts.execution import InFlight, LockHolder
+from contracts.fleet import ClusterConfig, FleetGrant, FleetState
 from contracts.jobs import JobConfig
 from contracts.plan_state import Direction, PlanState
 from contracts.window_state import WindowState
+from knowledge.fleet_rules import FleetStep
 
 Stage = Literal["analyze", "plan"]
 
@@ -191,6 +193,28 @@ class SlotQuota(Protocol):
         ...
 
 
+class Fleets(Protocol):
+    """Clusters and their fleets: each registered cluster's capacity and the state of its fleet step
+    (`contracts.fleet.FleetState`: every job's latest bid and the slots each holds)."""
+
+    async def register_cluster(self, cluster: ClusterConfig) -> None:
+        """Register (or resize) a cluster; ConfigError if its budget is below its jobs' minimums."""
+        ...
+
+    async def remove_cluster(self, name: str) -> None:
+        """Forget a cluster and its fleet state (its jobs hold, saying so, until moved)."""
+        ...
+
+    async def clusters(self) -> dict[str, ClusterConfig]: ...
+
+    async def fleet_state(self, name: str) -> FleetState: ...
+
+    async def update_fleet(self, name: str, step: FleetStep) -> FleetGrant | None:
+        """Run the fleet step on the cluster's stored state and budget, atomically against other workers'
+        steps (retried when raced), and store the state it returns; None for an unknown cluster."""
+        ...
+
+
 class Counters(Protocol):
     async def incr_counters(self, counts: dict[str, int]) -> None: ...
 
@@ -237,9 +261,11 @@ class PlanKnowledge(WindowCommits, SlotQuota, Protocol):
 
     async def lock_holder(self, job_id: str) -> LockHolder | None: ...
 
+    async def update_fleet(self, name: str, step: FleetStep) -> FleetGrant | None: ...
+
 
 class Knowledge(JobRegistry, OpenWindows, AnalysisModels, WindowCommits, PlanStates, Decisions, Fencing,
-                SlotQuota, Counters, Protocol):
+                SlotQuota, Fleets, Counters, Protocol):
     """All of it, as a stage's agent and the command line use it."""
 
     async def ping(self) -> bool: ...

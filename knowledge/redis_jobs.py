@@ -13,7 +13,7 @@ from contracts.plan_state import PLAN_STATE_VERSION, Direction, PlanState
 from contracts.window_state import WindowState
 from knowledge import stored_forms
 from knowledge.protocols import HISTORY, REPUBLISH_SCAN, WATERMARKS, Stage
-from knowledge.redis_base import RedisBase
+from knowledge.redis_fleet import RedisFleet
 
 # The plan state's older form kept its measured downtimes in these lists, and analyze's last seen
 # parallelism in the state hash.
@@ -21,7 +21,7 @@ OLD_DOWNTIME_LISTS = ("downtimes:up", "downtimes:down")
 OLD_FIELDS = ("parallelism_seen",)
 
 
-class RedisJobs(RedisBase):
+class RedisJobs(RedisFleet):
     # ---------------------------------------------------------------- registry and config
 
     async def _overrides(self, job_id: str) -> dict[str, str]:
@@ -38,6 +38,7 @@ class RedisJobs(RedisBase):
     async def register_job(self, job_id: str, overrides: dict[str, str] | None = None) -> JobConfig:
         merged = {**await self._overrides(job_id), **(overrides or {})}
         config = validate_overrides(self.settings, merged, {})
+        await self.check_job_cluster(job_id, config)
         await self._store_overrides(job_id, merged)
         return config
 
@@ -57,6 +58,7 @@ class RedisJobs(RedisBase):
         return await self._overrides(job_id)
 
     async def unregister_job(self, job_id: str) -> None:
+        await self.forget_bid(job_id)
         keys = [key async for key in self.redis.scan_iter(match=self._key(job_id, "*"), count=500)]
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.srem(self._jobs_key, job_id)

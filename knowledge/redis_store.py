@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from knowledge.redis_execution import RedisExecution
+from knowledge.redis_fleet import RedisFleet
 from knowledge.redis_jobs import RedisJobs
 
 
-class RedisKnowledge(RedisJobs, RedisExecution):
+class RedisKnowledge(RedisJobs, RedisExecution, RedisFleet):
     """Every concern of `knowledge.protocols.Knowledge` on one Redis, under the key prefix `prefix`."""

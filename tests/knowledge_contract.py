@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from contracts.execution import InFlight
+from contracts.fleet import ClusterConfig, FleetGrant, FleetState
 from contracts.jobs import ConfigError
 from contracts.messages import MetricReport
 from contracts.plan_state import STALE_WINDOW_BUDGET, Direction, PlanState
@@ -186,6 +187,29 @@ async def slot_reservations_respect_the_quota_and_what_a_job_holds(k: Knowledge,
     assert await k.reserve_slots(other, 6, 9, quota=10, commit=True) == 6  # 10 - 5, but keeps its 6
     await k.unregister_job(job)
     await k.unregister_job(other)
+
+
+@check
+async def a_fleet_step_runs_on_the_clusters_stored_state(k: Knowledge, job: str) -> None:
+    name = f"c-{job}".lower().replace("_", "-")[:60]
+    assert await k.update_fleet(name, lambda state, budget: (state, FleetGrant(
+        cluster=name, budget=budget, granted=1, allocated=1, binds=False))) is None  # unknown cluster
+    await k.register_cluster(ClusterConfig(name=name, workers=2, slots_per_worker=3))
+    assert (await k.clusters())[name].budget == 6
+    await k.register_job(job, {"cluster": name, "min_parallelism": "2"})
+
+    def step(state: FleetState, budget: int) -> tuple[FleetState, FleetGrant]:
+        held = {**state.held, job: state.held.get(job, 0) + 2}
+        return FleetState(bids=state.bids, held=held), FleetGrant(
+            cluster=name, budget=budget, granted=held[job], allocated=held[job], binds=False)
+
+    assert (await k.update_fleet(name, step)).granted == 2  # type: ignore[union-attr]
+    assert (await k.update_fleet(name, step)).granted == 4  # type: ignore[union-attr]
+    assert (await k.fleet_state(name)).held == {job: 4}
+    await k.unregister_job(job)
+    assert job not in (await k.fleet_state(name)).held
+    await k.remove_cluster(name)
+    assert name not in await k.clusters()
 
 
 @check

@@ -1,0 +1,27 @@
+"""What both knowledge bases check of a fleet: a job names a registered cluster, and a cluster's budget
+gives every job on it at least its minimum. One place, so the Redis and in-memory stores refuse alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from contracts.fleet import ClusterConfig, FleetGrant, FleetState
+from contracts.jobs import ConfigError
+
+FleetStep = Callable[[FleetState, int], tuple[FleetState, FleetGrant]]
+"""The fleet step (`plan.fleet.grant`, bound to one job's bid): (the cluster's state, its budget) ->
+(the state to store, the job's grant). Knowledge runs it atomically over the stored state."""
+
+UPDATE_RETRIES = 50  # optimistic updates of one cluster's state raced by other plan workers
+
+
+def check_fleet(name: str, cluster: ClusterConfig | None, minimums: Mapping[str, int]) -> None:
+    """ConfigError unless `cluster` (named `name`) is registered and its budget is at least the sum of
+    `minimums` (each job on it: its `min_parallelism`)."""
+    if cluster is None:
+        raise ConfigError(f"invalid configuration: cluster: unknown cluster {name!r}; register it first "
+                          "(`autoscaler cluster add`)")
+    total = sum(minimums.values())
+    if total > cluster.budget:
+        raise ConfigError(f"invalid configuration: cluster {name!r} has {cluster.budget} slots, below the "
+                          f"minimums of its jobs ({total}: {', '.join(sorted(minimums))})")
