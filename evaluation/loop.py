@@ -9,7 +9,8 @@ The agents are shells around pure kernels (`monitor.kernel`, `analyze.kernel`, `
   forecast `forecaster` makes (None: no forecast), for a job whose policy plans with one;
 - plan: `decide` runs the planner step and the decision on the plan state, which lives in an
   in-memory knowledge base (`knowledge.MemoryKnowledge`, the same behaviour as Redis), with the slot
-  quota reserved there when one is set; decisions are committed there as plan commits them;
+  quota reserved there when one is set, or for a job on a cluster the fleet step run there on the
+  cluster's state; decisions are committed there as plan commits them;
 - execute: `execute` carries out a decision with execute's own steps and shell (the lock, the rescale
   in flight, the command, the events); `rescale_completed` is the job runner's answer, which ends
   the rescale and records it in the plan state. `rescaling` is execute's lock, as plan reads it.
@@ -127,11 +128,14 @@ class JobLoop:
         rescaling = self.rescaling if rescaling is None else rescaling
         planned = plan_kernel.plan(self.state, analysis, self.config, rescaling=rescaling, quota=self.quota,
                                    policy=self.policy)
-        granted = None
+        granted = given = None
         if planned.reserve is not None:
             r = planned.reserve
             granted = run_now(self.knowledge.reserve_slots(self.job_id, r.current, r.wanted, r.quota, r.commit))
-        decided = plan_kernel.finish(planned, analysis, self.config, granted)
+        if planned.bid is not None:
+            step = plan_kernel.fleet_step(planned, self.config)
+            given = run_now(self.knowledge.update_fleet(self.config.cluster, step))
+        decided = plan_kernel.finish(planned, analysis, self.config, granted, given)
         run_now(self.knowledge.commit_window(self.job_id, plan_kernel.STAGE, analysis.window_end, decided.message(),
                                              state_fields=decided.state_fields))
         return decided

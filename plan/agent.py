@@ -1,5 +1,5 @@
 """Plan: the shell around `plan.kernel`: each analysis becomes a scaling decision, within the slot
-quota, committed with the plan state and published."""
+quota or its cluster's fleet step, committed with the plan state and published."""
 
 from __future__ import annotations
 
@@ -63,11 +63,13 @@ class PlanAgent:
         # Execute's lock: one rescale per job at a time (a declared cross-stage read).
         rescaling = await knowledge.lock_holder(job) is not None
         planned = kernel.plan(before, analysis, config, rescaling=rescaling, quota=self.settings.slot_quota)
-        granted = None
+        granted = given = None
         if planned.reserve is not None:
             r = planned.reserve
             granted = await knowledge.reserve_slots(job, r.current, r.wanted, r.quota, commit=r.commit)
-        decided = kernel.finish(planned, analysis, config, granted)
+        if planned.bid is not None:  # a job on a cluster: the fleet step, atomically on the cluster's state
+            given = await knowledge.update_fleet(config.cluster, kernel.fleet_step(planned, config))
+        decided = kernel.finish(planned, analysis, config, granted, given)
         decision, plan, message = decided.decision, decided.plan, decided.message()
         if not await knowledge.commit_window(job, kernel.STAGE, analysis.window_end, message,
                                              state_fields=decided.state_fields):

@@ -19,7 +19,10 @@ partitions cap a scale-up (`plan.stateful.StatePartitionCap`) and a rescale's re
 state and the event-time lag (`plan.stateful.with_state_note`); the state's rows are kept in the plan
 state, so that restarts are planned at the state's size (`PlanState.restarts`). The slot quota is
 the plan agent's (it reserves slots atomically across jobs); the `SlotQuota` gate
-(`plan.gates.with_quota`) applies its grant.
+(`plan.gates.with_quota`) applies its grant. A job on a cluster (`JobConfig.cluster`) bids for its
+slots instead (`Planned.bid`, `plan.fleet.bid_of`): the shell runs the fleet step on the cluster's
+state in knowledge (`plan.fleet.grant`) and `finish` keeps the plan within the grant
+(`plan.fleet.within_grant`).
 """
 
 from __future__ import annotations
@@ -28,9 +31,13 @@ from dataclasses import dataclass, replace
 
 from contracts.analyses import Analysis
 from contracts.decisions import Action, ScalingDecision
+from contracts.fleet import FleetBid, FleetGrant
 from contracts.jobs import JobConfig, Mode
 from contracts.plan_state import PlanState
+from knowledge.fleet_rules import FleetStep
+from plan import fleet
 from plan.gates import apply_gates, with_quota
+from plan.guarded import rescale_updates
 from plan.policy import Plan, ScalingPolicy, hold
 from plan.proactive import after_executed_rescale, recovery_notice
 from plan.registry import UnknownPolicy, make_policy
@@ -53,12 +60,15 @@ class Reserve:
 
 @dataclass(frozen=True)
 class Planned:
-    """The planner step's result before the quota: the state to keep, the plan, the reservation."""
+    """The planner step's result before the quota: the state to keep, the plan, the reservation, or for
+    a job on a cluster its bid (granted by the fleet step; `commit`: the grant is held, in auto mode)."""
 
     before: PlanState
     state: PlanState
     plan: Plan
     reserve: Reserve | None
+    bid: FleetBid | None = None
+    commit: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,7 +92,20 @@ def plan(
     for its target, any other plan keeps what the job has. A recommendation that will not be executed
     (recommend mode) must not hold slots, so it is reserved without commit. Nothing is reserved while
     a rescale is in flight."""
+    if policy is None and config.cluster:
+        try:
+            policy = make_policy(config.policy)
+        except UnknownPolicy:
+            policy = None  # `decide` holds, saying so
     state, planned = decide(before.model_copy(update={"rescaling": rescaling}), analysis, config, policy)
+    if config.cluster:
+        if rescaling:
+            return Planned(before, state, planned, None)
+        problem = getattr(policy, "planning_problem", None)
+        posed = problem(state, analysis, config) if problem is not None else fleet.plain_problem(analysis, config)
+        bid = fleet.bid_of(analysis.job_id, posed, analysis.parallelism, planned.to_parallelism, config,
+                           analysis.window_end)
+        return Planned(before, state, planned, None, bid, commit=config.mode is Mode.AUTO)
     reserve = None
     if quota is not None and not rescaling:
         scaling_up = planned.action is Action.SCALE_UP
@@ -91,13 +114,35 @@ def plan(
     return Planned(before, state, planned, reserve)
 
 
-def finish(planned: Planned, analysis: Analysis, config: JobConfig, granted: int | None = None) -> Decided:
-    """The decision, within the slots `granted` when `planned.reserve` asked for them."""
+def fleet_step(planned: Planned, config: JobConfig) -> FleetStep:
+    """The fleet step for the job's bid, as knowledge runs it on the cluster's state (`plan.fleet.grant`)."""
+    bid = planned.bid
+    if bid is None:
+        raise ValueError("only a plan that bid takes a fleet step")
+    return lambda state, budget: fleet.grant(state, bid, config.cluster, budget, planned.commit)
+
+
+def finish(planned: Planned, analysis: Analysis, config: JobConfig, granted: int | None = None,
+           given: FleetGrant | None = None) -> Decided:
+    """The decision, within the slots `granted` when `planned.reserve` asked for them, or within the fleet
+    step's grant `given` for a job that bid (None: its cluster is not registered, and the job holds)."""
     state, chosen = planned.state, planned.plan
     if planned.reserve is not None:
         if granted is None:
             raise ValueError("a plan that reserves slots needs the slots granted")
         state, chosen = with_quota(state, chosen, analysis.parallelism, granted, planned.reserve.quota)
+    if planned.bid is not None:
+        current = analysis.parallelism
+        if given is None:
+            chosen = hold(current, "unknown_cluster", f"cluster {config.cluster!r} is not registered "
+                          "(`autoscaler cluster add`): the job holds until it is, or its setting `cluster` is unset",
+                          rule=fleet.RULE, proposed=chosen)
+        else:
+            fitted = fleet.within_grant(chosen, current, given)
+            if fitted is not chosen and fitted.action is not Action.NONE:
+                state = state.updated(rescale_updates(current, fitted.to_parallelism, analysis.window_end,
+                                                      None, config))
+            chosen = fitted
     decision = to_decision(chosen, analysis, config)
     return Decided(state, chosen, decision, state.changed_fields(planned.before))
 

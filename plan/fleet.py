@@ -1,0 +1,257 @@
+"""The fleet step: the slots of one cluster's budget divided among the jobs that share it. Pure.
+
+Each job planned on a cluster bids every window (`bid_of`, `contracts.fleet.FleetBid`): the slots it
+holds, the slots its own plan wants, the slots its arrivals need now, its minimum and weight, and its
+cost curve: per number of slots p, what holding p over the planning horizon costs (`hold_costs`),
+on the terms of the schedule search (`plan.cost_plan`): slot-seconds, the restart that reaches p, the
+violation weight per second of arrivals beyond the backlog target (times the job's weight) and the
+work its backlog still needs at the horizon's end.
+
+`allocate` divides the budget, in this order:
+1. where every job's plan fits, each gets it: the budget does not bind;
+2. otherwise each job first gets what its arrivals need (at most what it wants): no job starves while
+   the budget can carry every job's arrivals. Where it cannot, the budget is shared by weight
+   (weighted max-min fairness: each job's share of its need grows in proportion to its weight), and
+   the price is undefined;
+3. what is left goes slot by slot where it saves the most (marginal-cost exchange): each round gives
+   the block of slots with the highest saving per slot on any job's curve. For convex curves this is
+   the exact optimum of a separable cost under one budget (Gross 1956; Fox 1966; Ibaraki and Katoh,
+   *Resource Allocation Problems*, 1988), and on a curve that is not convex the best block is a step of
+   its lower convex hull: the Lagrangian relaxation's own answer. The price of a slot (the Lagrange
+   multiplier of the budget) is the saving per slot of the last block given. Chosen over bisection on
+   a price: slots are integers, so a price alone does not hit the budget without a rounding step,
+   and the exchange gives the price as a by-product.
+
+The jobs granted less than they want gave way, the least loss per weight first. Then `grant`: a job
+takes its allocation once the others have released it (a slot moves from one job to another only
+after the first released it; until the whole allocation is free the job keeps what it holds, one
+restart per move), so the slots held and reserved never exceed the budget.
+The allocation is made for the plan's first step and made again at every window (receding horizon);
+the curves assume the job holds p over the horizon (the plan's later steps are not allocated ahead).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from contracts.analyses import Analysis
+from contracts.decisions import DecisionReason
+from contracts.fleet import FleetBid, FleetGrant, FleetState
+from contracts.jobs import JobConfig
+from knowledge.fleet_rules import FleetStep
+from plan.cost_plan import EPSILON, PlanProblem
+from plan.policy import Plan, direction, hold
+
+DEFAULT_HORIZON_S = 1800.0  # a job planned without a problem of its own: its curve's horizon
+DEFAULT_STEP_S = 60.0
+RULE = "fleet"
+CODE = "fleet_budget"  # a plan changed by the cluster's budget
+NAMED = 5  # jobs that gave way named in a reason
+
+
+def hold_costs(problem: PlanProblem, weight: float = 1.0, top: int | None = None) -> np.ndarray:
+    """Per p in 1..top (default: the problem's maximum): the cost of moving to p now and holding it over
+    the problem's horizon (see the module docstring); index 0 is p = 1."""
+    top = problem.max_parallelism if top is None else min(top, problem.max_parallelism)
+    p = np.arange(1, top + 1, dtype=float)
+    current = problem.parallelism
+    capacity = np.asarray(problem.capacity[1: top + 1], dtype=float)
+    down = np.where(p > current, problem.downtime_up_s, np.where(p < current, problem.downtime_down_s, 0.0))
+    down = np.minimum(down, problem.step_s)
+    moved = p != current
+    backlog = np.full(top, problem.backlog) + np.where(moved, problem.replay_records, 0.0)
+    violation = np.zeros(top)
+    rates = np.asarray(problem.rates, dtype=float)
+    for k, rate in enumerate(rates):
+        pause = down if k == 0 else 0.0
+        backlog = backlog + rate * pause
+        backlog = np.maximum(0.0, backlog + rate * (problem.step_s - pause) - capacity * (problem.step_s - pause))
+        excess = np.maximum(0.0, backlog - problem.backlog_target_s * rate) / max(rate, 1.0)
+        violation += excess  # seconds of arrivals beyond the target, checked at each step's end
+    per_record = p / np.maximum(capacity, EPSILON)
+    slots = p * problem.step_s * len(rates)
+    penalty = np.where(moved, problem.action_penalty_s, 0.0)
+    return slots + penalty + backlog * per_record + weight * problem.violation_weight * violation
+
+
+def need_of(problem: PlanProblem) -> int:
+    """The fewest slots (at least the minimum) whose capacity carries the planned rate now; the maximum
+    where none does."""
+    capacity = np.asarray(problem.capacity[1:], dtype=float)
+    carries = (capacity >= float(problem.rates[0]) - EPSILON) & problem.within_bounds()
+    return int(np.argmax(carries)) + 1 if carries.any() else problem.max_parallelism
+
+
+def plain_problem(analysis: Analysis, config: JobConfig) -> PlanProblem | None:
+    """For a policy that plans without one: the problem of holding the arrival rate now over half an hour,
+    at the measured rate per slot times p (DS2's linear capacity). None before a rate is measured."""
+    rate, per_slot = analysis.arrival_rate, analysis.true_processing_rate
+    if rate is None or not analysis.valid or per_slot <= 0:
+        return None
+    steps = math.ceil(DEFAULT_HORIZON_S / DEFAULT_STEP_S)
+    capacity = per_slot * np.arange(config.max_parallelism + 1, dtype=float)
+    return PlanProblem(
+        parallelism=analysis.parallelism, backlog=float(analysis.backlog or 0.0), rates=np.full(steps, rate),
+        step_s=DEFAULT_STEP_S, capacity=capacity, min_parallelism=config.min_parallelism,
+        downtime_up_s=config.restart_time_s, downtime_down_s=config.restart_time_s,
+        replay_records=rate * config.checkpoint_interval_s / 2, backlog_target_s=config.backlog_target_s)
+
+
+def bid_of(job_id: str, problem: PlanProblem | None, holds: int, wants: int, config: JobConfig, at: float
+           ) -> FleetBid:
+    """The job's bid (see the module docstring). Without a problem (nothing measured yet) its curve is
+    flat: it needs what it wants, and slots beyond its minimum save it nothing measurable."""
+    minimum = config.min_parallelism
+    wants = max(minimum, wants)
+    if problem is None:
+        return FleetBid(job_id=job_id, holds=holds, wants=wants, need=wants, minimum=minimum, weight=config.weight,
+                        costs=[0.0] * (wants - minimum + 1), at=at)
+    costs = hold_costs(problem, config.weight, top=max(wants, minimum))
+    if len(costs) < wants:  # wants beyond the problem's maximum: its curve held flat there
+        costs = np.concatenate([costs, np.full(wants - len(costs), costs[-1])])
+    return FleetBid(job_id=job_id, holds=holds, wants=wants, need=min(need_of(problem), wants), minimum=minimum,
+                    weight=config.weight, costs=[round(float(c), 3) for c in costs[minimum - 1: wants]], at=at)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Every job's slots, whether the budget binds, the price of a slot (None: shared by weight), the
+    jobs that gave way (granted less than they want, the least loss per weight first) and those
+    granted less than their arrivals need."""
+
+    slots: dict[str, int]
+    binds: bool
+    price: float | None
+    gave_way: tuple[str, ...]
+    short: tuple[str, ...]
+
+
+class BudgetError(ValueError):
+    """The budget cannot give every job its minimum (registration refuses such a fleet)."""
+
+
+def allocate(bids: Mapping[str, FleetBid], budget: int) -> Allocation:
+    """The budget divided among the bids (see the module docstring)."""
+    if sum(b.minimum for b in bids.values()) > budget:
+        raise BudgetError(f"a budget of {budget} slots is below the jobs' minimums "
+                          f"({sum(b.minimum for b in bids.values())})")
+    wants = {job: b.wants for job, b in bids.items()}
+    if sum(wants.values()) <= budget:
+        return Allocation(dict(wants), False, 0.0, (), ())
+    floors = {job: max(b.minimum, min(b.need, b.wants)) for job, b in bids.items()}
+    price: float | None = None
+    if sum(floors.values()) > budget:
+        slots = weighted_share({job: b.minimum for job, b in bids.items()}, floors,
+                               {job: b.weight for job, b in bids.items()}, budget)
+    else:
+        slots, price = _exchange(bids, dict(floors), budget - sum(floors.values()))
+    loss = {job: (b.cost(slots[job]) - b.cost(b.wants)) / b.weight for job, b in bids.items()}
+    gave_way = tuple(sorted((job for job in bids if slots[job] < wants[job]), key=lambda job: (loss[job], job)))
+    short = tuple(sorted(job for job, b in bids.items() if slots[job] < min(b.need, b.wants)))
+    return Allocation(slots, True, price, gave_way, short)
+
+
+def weighted_share(minimums: Mapping[str, int], floors: Mapping[str, int], weights: Mapping[str, float], budget: int
+                   ) -> dict[str, int]:
+    """Weighted max-min fair shares of `floors`: every job its minimum, then slot by slot to the job with the
+    smallest share per weight still below its floor (the heavier, then the name, on a tie)."""
+    slots = dict(minimums)
+    left = budget - sum(slots.values())
+    while left > 0:
+        open_jobs = [job for job in slots if slots[job] < floors[job]]
+        if not open_jobs:
+            break
+        job = min(open_jobs, key=lambda j: (slots[j] / weights[j], -weights[j], j))
+        slots[job] += 1
+        left -= 1
+    return slots
+
+
+def _exchange(bids: Mapping[str, FleetBid], slots: dict[str, int], left: int) -> tuple[dict[str, int], float]:
+    """Marginal-cost exchange from `slots` up to each job's wants with `left` slots: each round the block
+    with the highest saving per slot (on a tie, the heavier job, then the name); the price is the last
+    block's saving per slot (0 where the last slots save nothing)."""
+    price = 0.0
+    while left > 0:
+        best: tuple[float, float, str, int] | None = None  # (-saving, -weight, job, k): the least is taken
+        for job, b in bids.items():
+            room = min(b.wants - slots[job], left)
+            here = b.cost(slots[job]) if room > 0 else 0.0
+            for k in range(1, room + 1):
+                key = (-(here - b.cost(slots[job] + k)) / k, -b.weight, job, k)
+                if best is None or key < best:
+                    best = key
+        if best is None:
+            break
+        negative, _, job, k = best
+        slots[job] += k
+        left -= k
+        price = max(0.0, -negative)
+    return slots, price
+
+
+def grant(state: FleetState, bid: FleetBid, cluster: str, budget: int, commit: bool) -> tuple[FleetState, FleetGrant]:
+    """The fleet step for one job's window: its bid joins the cluster's, the budget is allocated, and the job
+    is granted its allocation, or, where the others still hold part of it (they give way at their next
+    window), what it holds until the whole allocation is free. With `commit` (the job's decisions are
+    carried out), what it holds becomes the larger of what it runs and what it was granted; the state
+    returned is the cluster's, to store. The slots a job ran
+    before its first bid are not known to the others' grants: a fleet starts from what each job runs
+    (`FleetState.held`), or from jobs that do not run yet."""
+    bids = {**state.bids, bid.job_id: bid}
+    allocation = allocate(bids, budget)
+    allocated = allocation.slots[bid.job_id]
+    others = sum(slots for job, slots in state.held.items() if job != bid.job_id)
+    # A scale-up waits until its whole allocation is free: a job that took what is free now would restart
+    # again for the rest (each restart pauses it; the wait runs it at what it holds).
+    granted = allocated if allocated <= bid.holds or allocated <= budget - others else bid.holds
+    held = dict(state.held)
+    if commit:
+        held[bid.job_id] = max(bid.holds, granted)
+    return FleetState(bids=bids, held=held), FleetGrant(
+        cluster=cluster, budget=budget, granted=granted, allocated=allocated, binds=allocation.binds,
+        price=None if allocation.price is None else round(allocation.price, 1), gave_way=list(allocation.gave_way),
+        short=list(allocation.short))
+
+
+def join(job_id: str, holds: int, cluster: str) -> FleetStep:
+    """The fleet step of a job that joins the cluster running `holds` slots: the fleet counts them as its."""
+    def step(state: FleetState, budget: int) -> tuple[FleetState, FleetGrant]:
+        return (FleetState(bids=state.bids, held={**state.held, job_id: holds}),
+                FleetGrant(cluster=cluster, budget=budget, granted=holds, allocated=holds, binds=False))
+    return step
+
+
+def within_grant(plan: Plan, current: int, given: FleetGrant) -> Plan:
+    """The plan within the slots granted: a job granted less than it holds gives way (scales down to its
+    grant), a scale-up beyond the grant is trimmed to it, or held where nothing is free yet; the reason
+    (`fleet_budget`) says so, with the budget, the price of a slot and who gave way. A plan within its
+    grant passes as it is."""
+    target = plan.to_parallelism
+    if target <= given.granted and given.granted >= current:
+        return plan
+    if target <= given.granted < current:  # the plan already goes at least as low as the grant
+        return plan
+    why = (f"cluster {given.cluster!r}: its budget of {given.budget} slots binds; granted {given.granted} "
+           f"of {target} planned")
+    if given.price is None:
+        why += "; its jobs' arrivals alone exceed it: slots shared by weight"
+    else:
+        why += f"; a slot is worth {given.price:,.0f} slot-s over the horizon"
+    if given.gave_way:
+        named = ", ".join(given.gave_way[:NAMED]) + (f" and {len(given.gave_way) - NAMED} more"
+                                                     if len(given.gave_way) > NAMED else "")
+        why += f"; gave way: {named}"
+    numbers = {"budget": given.budget, "granted": given.granted, "allocated": given.allocated, "planned": target,
+               "price_slot_s": given.price, "gave_way": len(given.gave_way)}
+    if given.granted == current:
+        return hold(current, CODE, f"{plan.reason.message}; {why}", rule=RULE, proposed=plan, cite=False,
+                    **numbers)
+    reason = DecisionReason(code=CODE, rule=RULE, message=f"{plan.reason.message}; {why}",
+                            numbers={**plan.reason.numbers, **numbers})
+    return Plan(direction(current, given.granted), given.granted, reason, recommended=plan.recommended or target,
+                notices=list(plan.notices))

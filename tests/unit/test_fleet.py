@@ -1,0 +1,186 @@
+"""The fleet step (`plan.fleet`): the budget divided, never exceeded, no job starved while the budget
+carries every job's arrivals, weights honoured, the exchange optimal on convex curves, and the plan
+kept within its grant."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contracts.decisions import Action, DecisionReason
+from contracts.fleet import ClusterConfig, FleetBid, FleetGrant, FleetState
+from contracts.jobs import ConfigError, JobConfig
+from contracts.settings import Settings
+from knowledge.memory import MemoryKnowledge, run_now
+from plan.cost_plan import PlanProblem
+from plan.fleet import BudgetError, allocate, bid_of, grant, hold_costs, need_of, within_grant
+from plan.policy import Plan, hold
+
+
+def convex_bid(job: str, minimum: int, wants: int, need: int, weight: float, slopes: list[float]) -> FleetBid:
+    """A bid whose curve falls by `slopes` (sorted to decreasing savings: convex) from its minimum."""
+    savings = sorted(slopes, reverse=True)[: wants - minimum]
+    costs = [1000.0]
+    for s in savings:
+        costs.append(costs[-1] - s)
+    return FleetBid(job_id=job, holds=minimum, wants=wants, need=min(need, wants), minimum=minimum, weight=weight,
+                    costs=costs)
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> tuple[dict[str, FleetBid], int]:
+    n = draw(st.integers(1, 5))
+    bids = {}
+    for i in range(n):
+        minimum = draw(st.integers(1, 3))
+        wants = draw(st.integers(minimum, minimum + 6))
+        need = draw(st.integers(1, wants + 2))
+        weight = draw(st.sampled_from([0.5, 1.0, 2.0]))
+        slopes = draw(st.lists(st.floats(0, 500, allow_nan=False), min_size=wants - minimum, max_size=wants - minimum))
+        bids[f"j{i}"] = convex_bid(f"j{i}", minimum, wants, need, weight, slopes)
+    budget = draw(st.integers(sum(b.minimum for b in bids.values()), sum(b.wants for b in bids.values()) + 3))
+    return bids, budget
+
+
+@given(fleets())
+def test_the_budget_is_never_exceeded_and_every_job_keeps_its_bounds(fleet: tuple[dict[str, FleetBid], int]) -> None:
+    bids, budget = fleet
+    out = allocate(bids, budget)
+    assert sum(out.slots.values()) <= budget
+    for job, b in bids.items():
+        assert b.minimum <= out.slots[job] <= b.wants
+    if sum(b.wants for b in bids.values()) <= budget:
+        assert out.slots == {job: b.wants for job, b in bids.items()} and not out.binds and not out.gave_way
+    else:
+        assert out.binds and set(out.gave_way) == {job for job, b in bids.items() if out.slots[job] < b.wants}
+
+
+@given(fleets())
+def test_no_job_starves_while_the_budget_carries_every_jobs_arrivals(fleet: tuple[dict[str, FleetBid], int]) -> None:
+    bids, budget = fleet
+    out = allocate(bids, budget)
+    floors = {job: max(b.minimum, min(b.need, b.wants)) for job, b in bids.items()}
+    if sum(floors.values()) <= budget:
+        assert all(out.slots[job] >= floors[job] for job in bids) and not out.short
+    else:  # shared by weight: all of the budget, and no job's share per weight exceeds another's by a slot
+        assert sum(out.slots.values()) == budget and out.price is None
+        below = [job for job in bids if out.slots[job] < floors[job]]
+        for a in below:
+            for b in bids:
+                if out.slots[b] > bids[b].minimum:
+                    assert (out.slots[b] - 1) / bids[b].weight <= out.slots[a] / bids[a].weight + 1e-9
+
+
+@settings(max_examples=60)
+@given(fleets())
+def test_the_exchange_is_optimal_on_convex_curves(fleet: tuple[dict[str, FleetBid], int]) -> None:
+    bids, budget = fleet
+    floors = {job: max(b.minimum, min(b.need, b.wants)) for job, b in bids.items()}
+    if sum(floors.values()) > budget or sum(b.wants for b in bids.values()) <= budget:
+        return
+    out = allocate(bids, budget)
+    jobs = list(bids)
+    best = min(
+        sum(bids[j].cost(p) for j, p in zip(jobs, combo, strict=True))
+        for combo in itertools.product(*(range(floors[j], bids[j].wants + 1) for j in jobs))
+        if sum(combo) <= budget
+    )
+    assert sum(bids[j].cost(out.slots[j]) for j in jobs) == pytest.approx(best, abs=1e-6)
+
+
+def test_the_lighter_job_gives_way_first() -> None:
+    same = [300.0, 200.0, 100.0]
+    light = convex_bid("light", 1, 4, 1, 1.0, same)
+    heavy = convex_bid("heavy", 1, 4, 1, 1.0, [2 * s for s in same]).model_copy(update={"weight": 2.0})
+    out = allocate({"light": light, "heavy": heavy}, 6)
+    assert out.slots == {"heavy": 4, "light": 2} and out.gave_way == ("light",) and out.price == 200.0
+
+
+def test_a_budget_below_the_minimums_is_refused() -> None:
+    with pytest.raises(BudgetError):
+        allocate({"a": convex_bid("a", 3, 3, 3, 1.0, []), "b": convex_bid("b", 3, 3, 3, 1.0, [])}, 5)
+
+
+def problem(parallelism: int = 2, rate: float = 500.0, backlog: float = 0.0) -> PlanProblem:
+    return PlanProblem(parallelism=parallelism, backlog=backlog, rates=np.full(30, rate), step_s=60.0,
+                       capacity=np.arange(9) * 200.0, min_parallelism=1, downtime_up_s=20.0, downtime_down_s=20.0,
+                       replay_records=0.0, backlog_target_s=60.0, action_penalty_s=300.0)
+
+
+def test_holding_too_few_slots_costs_the_violation_and_the_need_is_the_fewest_that_carry() -> None:
+    costs = hold_costs(problem())
+    assert need_of(problem()) == 3  # 600 >= 500
+    assert costs[0] > costs[1] > costs[2]  # 1 and 2 slots fall behind, 3 keeps up
+    assert costs[3] - costs[2] == pytest.approx(60 * 30, rel=1e-6)  # beyond: a slot's seconds
+    heavier = hold_costs(problem(), weight=2.0)
+    assert heavier[0] > costs[0] and heavier[2] == pytest.approx(costs[2])
+
+
+def test_a_bid_covers_minimum_to_wants_and_never_needs_more_than_it_wants() -> None:
+    config = JobConfig(max_parallelism=8, min_parallelism=2, cluster="c", weight=1.5)
+    bid = bid_of("j", problem(), 2, 5, config, 0.0)
+    assert (bid.minimum, bid.wants, bid.need, bid.weight, len(bid.costs)) == (2, 5, 3, 1.5, 4)
+    assert bid_of("j", problem(rate=1500.0), 2, 5, config, 0.0).need == 5
+    flat = bid_of("j", None, 2, 4, config, 0.0)
+    assert flat.need == 4 and flat.costs == [0.0, 0.0, 0.0]
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 8), st.integers(1, 8)), min_size=1, max_size=40))
+def test_held_and_granted_slots_never_exceed_the_budget(steps: list[tuple[int, int, int]]) -> None:
+    """Jobs bid in any order, each from what it holds (after its last grant, or a release): what the fleet
+    state holds never sums beyond the budget (given that what the jobs ran as they joined fits in it)."""
+    holds = {f"j{i}": 1 for i in range(4)}
+    budget, state = 10, FleetState(held=dict(holds))  # what each job runs as it joins
+    for i, wants, need in steps:
+        job = f"j{i}"
+        bid = FleetBid(job_id=job, holds=holds[job], wants=wants, need=min(need, wants), minimum=1, weight=1.0,
+                       costs=[100.0 * (wants - k) for k in range(wants)])
+        state, given_ = grant(state, bid, "c", budget, commit=True)
+        assert sum(state.held.values()) <= budget
+        assert given_.granted in (bid.holds, given_.allocated)  # all of its allocation, or what it holds
+        holds[job] = given_.granted  # the job moves to its grant (a release frees slots at its next bid)
+
+
+def reason(message: str = "plan") -> DecisionReason:
+    return DecisionReason(code="cost_plan", rule="default", message=message)
+
+
+def given_grant(granted: int, allocated: int | None = None, price: float | None = 250.0) -> FleetGrant:
+    return FleetGrant(cluster="c", budget=10, granted=granted, allocated=allocated or granted, binds=True,
+                      price=price, gave_way=["b", "a"])
+
+
+def test_the_plan_is_kept_within_its_grant() -> None:
+    up = Plan(Action.SCALE_UP, 6, reason(), recommended=6)
+    trimmed = within_grant(up, 3, given_grant(5))
+    assert (trimmed.action, trimmed.to_parallelism, trimmed.reason.code) == (Action.SCALE_UP, 5, "fleet_budget")
+    assert "budget of 10 slots binds" in trimmed.reason.message and "gave way: b, a" in trimmed.reason.message
+    held = within_grant(up, 3, given_grant(3))
+    assert (held.action, held.to_parallelism, held.reason.code) == (Action.NONE, 3, "fleet_budget")
+    stay = hold(4, "planned_hold", "plan")
+    gives = within_grant(stay, 4, given_grant(2, price=None))
+    assert (gives.action, gives.to_parallelism) == (Action.SCALE_DOWN, 2)
+    assert "shared by weight" in gives.reason.message
+    assert within_grant(up, 3, given_grant(6)) is up
+    down = Plan(Action.SCALE_DOWN, 1, reason())
+    assert within_grant(down, 4, given_grant(2)) is down
+
+
+def test_clusters_are_checked_at_registration() -> None:
+    k = MemoryKnowledge(Settings())
+    with pytest.raises(ConfigError, match="unknown cluster 'c'"):
+        run_now(k.register_job("a", {"cluster": "c"}))
+    run_now(k.register_cluster(ClusterConfig(name="c", workers=2, slots_per_worker=2)))
+    run_now(k.register_job("a", {"cluster": "c", "min_parallelism": "3"}))
+    with pytest.raises(ConfigError, match="below the minimums"):
+        run_now(k.register_job("b", {"cluster": "c", "min_parallelism": "2"}))
+    with pytest.raises(ConfigError, match="below the minimums"):
+        run_now(k.register_cluster(ClusterConfig(name="c", workers=1, slots_per_worker=2)))
+    with pytest.raises(ConfigError, match="weight"):
+        run_now(k.register_job("b", {"weight": "0"}))
+    with pytest.raises(ValueError):
+        ClusterConfig(name="Bad Name", workers=1, slots_per_worker=1)
