@@ -28,6 +28,12 @@ console = Console()
 DEMO_SHAPE = "steps:120:90,560:240,120:150"
 
 
+def _mount_cluster() -> None:
+    from agent.cluster_cli import cluster_app
+
+    app.add_typer(cluster_app, name="cluster", help="Clusters whose slot budget their jobs share.")
+
+
 def _mount_job() -> None:
     from agent.job_cli import job_app
 
@@ -61,7 +67,8 @@ def _mount_capacity() -> None:
 # docs/results.md, "Measurements moved from docstrings"). Each is mounted only when it is the command run, or
 # when the command line names none (help), so an agent worker or a `jobs register` loads none of them.
 HEAVY_COMMANDS = {"job": _mount_job, "load": _mount_load, "evaluate": _mount_evaluation,
-                  "calibrate": _mount_evaluation, "bench": _mount_evaluation, "capacity": _mount_capacity}
+                  "calibrate": _mount_evaluation, "bench": _mount_evaluation, "capacity": _mount_capacity,
+                  "cluster": _mount_cluster}
 
 
 def command_names() -> set[str]:
