@@ -32,6 +32,7 @@ the curves assume the job holds p over the horizon (the plan's later steps are n
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -158,39 +159,58 @@ def allocate(bids: Mapping[str, FleetBid], budget: int) -> Allocation:
 def weighted_share(minimums: Mapping[str, int], floors: Mapping[str, int], weights: Mapping[str, float], budget: int
                    ) -> dict[str, int]:
     """Weighted max-min fair shares of `floors`: every job its minimum, then slot by slot to the job with the
-    smallest share per weight still below its floor (the heavier, then the name, on a tie)."""
+    smallest share per weight still below its floor (the heavier, then the name, on a tie). A heap: each slot
+    given costs log(jobs)."""
     slots = dict(minimums)
     left = budget - sum(slots.values())
-    while left > 0:
-        open_jobs = [job for job in slots if slots[job] < floors[job]]
-        if not open_jobs:
-            break
-        job = min(open_jobs, key=lambda j: (slots[j] / weights[j], -weights[j], j))
+    heap = [(slots[j] / weights[j], -weights[j], j) for j in slots if slots[j] < floors[j]]
+    heapq.heapify(heap)
+    while left > 0 and heap:
+        _, _, job = heapq.heappop(heap)
         slots[job] += 1
         left -= 1
+        if slots[job] < floors[job]:
+            heapq.heappush(heap, (slots[job] / weights[job], -weights[job], job))
     return slots
+
+
+def _best_block(bid: FleetBid, at: int, left: int) -> tuple[float, int] | None:
+    """The block of k <= min(wants - at, left) slots with the highest saving per slot from `at`, and k (the
+    smallest on a tie); None where no slot is left to give."""
+    room = min(bid.wants - at, left)
+    if room <= 0:
+        return None
+    here = bid.cost(at)
+    best = max(((here - bid.cost(at + k)) / k, -k) for k in range(1, room + 1))
+    return best[0], -best[1]
 
 
 def _exchange(bids: Mapping[str, FleetBid], slots: dict[str, int], left: int) -> tuple[dict[str, int], float]:
     """Marginal-cost exchange from `slots` up to each job's wants with `left` slots: each round the block
     with the highest saving per slot (on a tie, the heavier job, then the name); the price is the last
-    block's saving per slot (0 where the last slots save nothing)."""
+    block's saving per slot (0 where the last slots save nothing). Lazy greedy on a heap: a job's best block
+    only gets worse as fewer slots are left, so a popped entry is re-evaluated and taken if it still holds."""
     price = 0.0
-    while left > 0:
-        best: tuple[float, float, str, int] | None = None  # (-saving, -weight, job, k): the least is taken
-        for job, b in bids.items():
-            room = min(b.wants - slots[job], left)
-            here = b.cost(slots[job]) if room > 0 else 0.0
-            for k in range(1, room + 1):
-                key = (-(here - b.cost(slots[job] + k)) / k, -b.weight, job, k)
-                if best is None or key < best:
-                    best = key
-        if best is None:
-            break
-        negative, _, job, k = best
+    heap = []
+    for job, b in bids.items():
+        block = _best_block(b, slots[job], left)
+        if block is not None:
+            heap.append((-block[0], -b.weight, job, block[1]))
+    heapq.heapify(heap)
+    while left > 0 and heap:
+        negative, weight, job, k = heapq.heappop(heap)
+        block = _best_block(bids[job], slots[job], left)
+        if block is None:
+            continue
+        if (-block[0], block[1]) != (negative, k):  # stale: fewer slots are left than when it was pushed
+            heapq.heappush(heap, (-block[0], weight, job, block[1]))
+            continue
         slots[job] += k
         left -= k
         price = max(0.0, -negative)
+        following = _best_block(bids[job], slots[job], left)
+        if following is not None:
+            heapq.heappush(heap, (-following[0], weight, job, following[1]))
     return slots, price
 
 
