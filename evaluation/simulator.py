@@ -31,6 +31,7 @@ from evaluation.jobmodel import EPOCH, JobModel, JobState, advance, report, resc
 from evaluation.loop import JobLoop
 from evaluation.model_files import demo_job_model
 from evaluation.traces import Trace
+from knowledge.memory import MemoryKnowledge
 from plan.policy import ScalingPolicy
 
 WINDOW_S = 10.0  # the agents' default loop interval
@@ -46,12 +47,12 @@ class PolicyRunner:
     reason code with the end of the window it was taken at (seconds since the load started)."""
 
     def __init__(self, policy: ScalingPolicy, config: JobConfig, job_id: str = "eval",
-                 quota: int | None = None) -> None:
+                 quota: int | None = None, knowledge: MemoryKnowledge | None = None) -> None:
         self.policy = policy
         self.config = config
         self.name = policy.name
         self.job_id = job_id
-        self.loop = JobLoop(job_id, config, policy, interval_s=WINDOW_S, quota=quota)
+        self.loop = JobLoop(job_id, config, policy, interval_s=WINDOW_S, quota=quota, knowledge=knowledge)
         self.knowledge = self.loop.knowledge
         self.reasons: Counter[str] = Counter()
         self.recoveries: list[dict[str, Any]] = []
@@ -200,6 +201,120 @@ def static_parallelism(model: JobModel, peak: float, max_parallelism: int) -> in
     return max_parallelism
 
 
+class JobSim:
+    """One job's replay, one window at a time (`step`), so that several jobs can be replayed side by side
+    on one clock (a fleet: `evaluation.fleet`); `simulate` replays one job to its end. The arguments are
+    `simulate`'s."""
+
+    def __init__(self, trace: Trace, model: JobModel, policy: PolicyRunner | ScheduleRunner, config: JobConfig,
+                 initial_parallelism: int, backlog_target_s: float, forecasts: ForecastStream | None = None,
+                 seed: int = 0, rate_noise: float | None = None, job_id: str = "eval",
+                 factors: np.ndarray | None = None, start_s: float = 0.0,
+                 tap: Callable[[MetricReport | Completion], None] | None = None) -> None:
+        self.started = time.perf_counter()
+        self.trace, self.model, self.policy, self.tap = trace, model, policy, tap
+        self.initial_parallelism, self.backlog_target_s, self.start_s = initial_parallelism, backlog_target_s, start_s
+        self.noise = rate_factors(len(trace.rates), seed, rate_noise) if factors is None else factors
+        self.state = JobState([initial_parallelism] * (1 if model.fused else len(model.operators)),
+                              restart_until=EPOCH + start_s if start_s > 0 else -math.inf)
+        self.loop = policy.loop if isinstance(policy, PolicyRunner) else JobLoop(job_id, config,
+                                                                                interval_s=trace.window_s)
+        self.job_id = self.loop.job_id
+        if forecasts is not None:
+            self.loop.forecaster = lambda window, _settings: forecasts.at(window.window_end)
+        self.timeline = Timeline(window_s=trace.window_s)
+        self.ups = self.downs = self.ignored = 0
+        self.capacity_errors: list[float] = []
+        self.pending_completion: tuple[int, float, float] | None = None  # from parallelism, downtime, end
+
+    def step(self, i: int) -> None:
+        """Window i: the job's reports, its runner's answer, the window's analysis and decision."""
+        model, state, policy, loop, tap, timeline = (self.model, self.state, self.policy, self.loop, self.tap,
+                                                     self.timeline)
+        w = self.trace.window_s
+        half = w / REPORTS_PER_WINDOW
+        start, end = EPOCH + i * w, EPOCH + (i + 1) * w
+        rate = float(self.trace.rates[i])
+        for k in range(REPORTS_PER_WINDOW):
+            s = start + k * half
+            outcome = advance(model, state, s, half, rate, float(self.noise[i]))
+            # Stamped a hair before the interval's end, so that both reports fall in window i (a
+            # report stamped on the boundary opens the next window, as live).
+            sent = report(model, state, self.job_id, s + half - REPORT_EARLY_S, outcome, rate)
+            if sent is not None:
+                loop.fold(sent)
+                if tap is not None:
+                    tap(sent)
+        if self.pending_completion is not None and self.pending_completion[2] <= end:
+            from_p, downtime, completed_at = self.pending_completion
+            if tap is not None:
+                tap(Completion(state.job_parallelism, downtime, completed_at))
+            # As the job runner reports it: how it changed the job.
+            policy.on_rescaled(from_p, state.job_parallelism, downtime, completed_at,
+                               "in_place" if model.in_place else "restart")
+            self.pending_completion = None
+        restarting = self.pending_completion is not None
+        window = loop.close(closed_at=end)
+        true_capacity = model.capacity(state.parallelism if not model.fused else state.job_parallelism)
+        timeline.t.append((i + 1) * w)
+        timeline.arrival.append(rate)
+        timeline.capacity.append(true_capacity)
+        timeline.parallelism.append(state.job_parallelism)
+        timeline.backlog.append(state.backlog)
+        timeline.observed.append(window is not None)
+        if window is None:
+            return  # the job was down the whole window: no reports, no window, no decision
+        analysis = loop.analyze(window)
+        estimate = policy.planned_capacity(analysis)
+        if estimate is not None and not restarting:
+            self.capacity_errors.append(abs(estimate - true_capacity) / true_capacity)
+        wanted = policy.decide(analysis, rescaling=restarting)
+        if wanted is None:
+            return
+        if wanted == state.job_parallelism:
+            # Already there (the job model changed since the window's reports): the runner answers at once.
+            policy.on_rescaled(wanted, wanted, 0.0, end, "in_place" if model.in_place else "restart")
+            if tap is not None:
+                tap(Completion(wanted, 0.0, end))
+            return
+        if restarting:
+            self.ignored += 1  # one rescale at a time, as execute's lock enforces
+            return
+        if wanted > state.job_parallelism:
+            self.ups += 1
+        else:
+            self.downs += 1
+        from_p = state.job_parallelism
+        downtime = rescale(model, state, wanted, end)
+        self.pending_completion = (from_p, downtime, end + downtime)
+
+    @property
+    def holding(self) -> int:
+        """The slots the job holds now: a rescale in flight holds the larger of its two sides."""
+        held = self.state.job_parallelism
+        if self.pending_completion is not None:
+            held = max(held, self.pending_completion[0])
+        return held
+
+    def result(self) -> PolicyRun:
+        """The run's measures (slots, lag and time beyond the target count from the job's start)."""
+        state, timeline, w = self.state, self.timeline, self.trace.window_s
+        lags, beyond = timeline.backlog_measures(np.asarray(timeline.t) > self.start_s, self.backlog_target_s)
+        lag_array = lags if len(lags) else np.zeros(1)
+        slots = self.initial_parallelism * (1 if self.model.fused else len(self.model.operators))
+        before_start = min(self.start_s, len(self.trace.rates) * w) * slots
+        return PolicyRun(
+            policy=self.policy.name, trace=self.trace.name, slot_seconds=state.slot_seconds - before_start,
+            beyond_target_s=beyond, lag_p95_s=float(np.percentile(lag_array, 95)), lag_max_s=float(lag_array.max()),
+            scale_ups=self.ups, scale_downs=self.downs, ignored_decisions=self.ignored, final_backlog=state.backlog,
+            records_arrived=state.arrived,
+            mean_utilization=state.busy_slot_seconds / state.slot_seconds if state.slot_seconds else 0.0,
+            capacity_error_pct=100 * float(np.mean(self.capacity_errors)) if self.capacity_errors else None,
+            seconds=time.perf_counter() - self.started, timeline=timeline,
+            recoveries=list(getattr(self.policy, "recoveries", [])),  # a runner that predicts none has none
+        )
+
+
 def simulate(
     trace: Trace,
     model: JobModel,
@@ -219,87 +334,8 @@ def simulate(
     With `start_s`, the job starts that long after the load, as a live job does (Spark's start-up):
     the arrivals wait meanwhile, and its slots, lag and time beyond the target count from its start.
     `tap` sees every report the job sends and every answer of its runner, in order (a recording)."""
-    started = time.perf_counter()
-    w = trace.window_s
-    half = w / REPORTS_PER_WINDOW
-    noise = rate_factors(len(trace.rates), seed, rate_noise) if factors is None else factors
-    state = JobState([initial_parallelism] * (1 if model.fused else len(model.operators)),
-                     restart_until=EPOCH + start_s if start_s > 0 else -math.inf)
-    loop = policy.loop if isinstance(policy, PolicyRunner) else JobLoop(job_id, config, interval_s=w)
-    job_id = loop.job_id
-    if forecasts is not None:
-        loop.forecaster = lambda window, _settings: forecasts.at(window.window_end)
-    timeline = Timeline(window_s=w)
-    ups = downs = ignored = 0
-    capacity_errors: list[float] = []
-    pending_completion: tuple[int, float, float] | None = None  # from parallelism, downtime, end
-    for i, rate in enumerate(trace.rates):
-        start, end = EPOCH + i * w, EPOCH + (i + 1) * w
-        rate = float(rate)
-        for k in range(REPORTS_PER_WINDOW):
-            s = start + k * half
-            outcome = advance(model, state, s, half, rate, float(noise[i]))
-            # Stamped a hair before the interval's end, so that both reports fall in window i (a
-            # report stamped on the boundary opens the next window, as live).
-            sent = report(model, state, job_id, s + half - REPORT_EARLY_S, outcome, rate)
-            if sent is not None:
-                loop.fold(sent)
-                if tap is not None:
-                    tap(sent)
-        if pending_completion is not None and pending_completion[2] <= end:
-            from_p, downtime, completed_at = pending_completion
-            if tap is not None:
-                tap(Completion(state.job_parallelism, downtime, completed_at))
-            # As the job runner reports it: how it changed the job.
-            policy.on_rescaled(from_p, state.job_parallelism, downtime, completed_at,
-                               "in_place" if model.in_place else "restart")
-            pending_completion = None
-        restarting = pending_completion is not None
-        window = loop.close(closed_at=end)
-        true_capacity = model.capacity(state.parallelism if not model.fused else state.job_parallelism)
-        timeline.t.append((i + 1) * w)
-        timeline.arrival.append(rate)
-        timeline.capacity.append(true_capacity)
-        timeline.parallelism.append(state.job_parallelism)
-        timeline.backlog.append(state.backlog)
-        timeline.observed.append(window is not None)
-        if window is None:
-            continue  # the job was down the whole window: no reports, no window, no decision
-        analysis = loop.analyze(window)
-        estimate = policy.planned_capacity(analysis)
-        if estimate is not None and not restarting:
-            capacity_errors.append(abs(estimate - true_capacity) / true_capacity)
-        wanted = policy.decide(analysis, rescaling=restarting)
-        if wanted is None:
-            continue
-        if wanted == state.job_parallelism:
-            # Already there (the job model changed since the window's reports): the runner answers at once.
-            policy.on_rescaled(wanted, wanted, 0.0, end, "in_place" if model.in_place else "restart")
-            if tap is not None:
-                tap(Completion(wanted, 0.0, end))
-            continue
-        if restarting:
-            ignored += 1  # one rescale at a time, as execute's lock enforces
-            continue
-        if wanted > state.job_parallelism:
-            ups += 1
-        else:
-            downs += 1
-        from_p = state.job_parallelism
-        downtime = rescale(model, state, wanted, end)
-        pending_completion = (from_p, downtime, end + downtime)
-    # Slots, lag and time beyond the target count from the job's start.
-    lags, beyond = timeline.backlog_measures(np.asarray(timeline.t) > start_s, backlog_target_s)
-    lag_array = lags if len(lags) else np.zeros(1)
-    slots = initial_parallelism * (1 if model.fused else len(model.operators))
-    before_start = min(start_s, len(trace.rates) * w) * slots
-    return PolicyRun(
-        policy=policy.name, trace=trace.name, slot_seconds=state.slot_seconds - before_start, beyond_target_s=beyond,
-        lag_p95_s=float(np.percentile(lag_array, 95)), lag_max_s=float(lag_array.max()),
-        scale_ups=ups, scale_downs=downs, ignored_decisions=ignored, final_backlog=state.backlog,
-        records_arrived=state.arrived,
-        mean_utilization=state.busy_slot_seconds / state.slot_seconds if state.slot_seconds else 0.0,
-        capacity_error_pct=100 * float(np.mean(capacity_errors)) if capacity_errors else None,
-        seconds=time.perf_counter() - started, timeline=timeline,
-        recoveries=list(getattr(policy, "recoveries", [])),  # a runner that predicts none has none
-    )
+    sim = JobSim(trace, model, policy, config, initial_parallelism, backlog_target_s, forecasts, seed, rate_noise,
+                 job_id, factors, start_s, tap)
+    for i in range(len(trace.rates)):
+        sim.step(i)
+    return sim.result()
