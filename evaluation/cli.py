@@ -84,6 +84,15 @@ def evaluate_command(
              "in the JSON either way (its row's gap).")] = False,
     gap_policy: Annotated[str, typer.Option(help="--explain-gap: the policy explained (one of those run).")
     ] = DEFAULT_POLICY,
+    fleet: Annotated[int, typer.Option(
+        help="Replay this many jobs side by side on one cluster (evaluation.fleet): the fleet step against a "
+             "first-come slot quota and against each job alone, with the jobs' oracles as a bound. The traces "
+             "(default the shared ones) go to the jobs in turn, each shifted by i/N of a day; the first --policy "
+             "and --regime (default compressed). 0: the suite.")] = 0,
+    budget: Annotated[int | None, typer.Option(help="--fleet: the cluster's slots; default --budget-share of the "
+                                                    "sum of the jobs' peak slots.")] = None,
+    budget_share: Annotated[float, typer.Option(help="--fleet: the budget as a share of the jobs' peak slots.")
+    ] = 0.6,
     live: Annotated[bool, typer.Option(help="Replay one trace against the real Spark job through the agents.")] = False,
     live_minutes: Annotated[float, typer.Option(help="--live: minutes of replay.")] = 12.0,
     live_trace_hours: Annotated[float, typer.Option(help="--live: hours of the trace replayed in them.")] = 2.0,
@@ -141,6 +150,18 @@ def evaluate_command(
         raise typer.BadParameter("the page reports the simulated suite, not --live", param_hint="--html")
     if live and explain_gap:
         raise typer.BadParameter("the gap is explained for the simulated suite, not --live", param_hint="--explain-gap")
+    if fleet:
+        from evaluation.fleet import SHARED_TRACES, FleetCase, run_fleet_evaluation
+
+        if fleet < 1 or not 0 < budget_share <= 1 or (budget is not None and budget < fleet):
+            raise typer.BadParameter("at least one job, a share in (0, 1], a budget of at least a slot per job",
+                                     param_hint="--fleet/--budget")
+        case = FleetCase(jobs=fleet, budget=budget, budget_share=budget_share,
+                         traces=tuple([*(trace or []), *files] or SHARED_TRACES),
+                         regime=regimes[0] if regime else "compressed",
+                         policy=policies[0] if policy else DEFAULT_POLICY)
+        run_fleet_evaluation(console, case, settings, workers, json_out)
+        return
     if live:
         from evaluation.live import run_live_evaluation
 
