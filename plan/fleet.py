@@ -25,7 +25,8 @@ work its backlog still needs at the horizon's end.
 The jobs granted less than they want gave way, the least loss per weight first. Then `grant`: a job
 takes its allocation once the others have released it (a slot moves from one job to another only
 after the first released it; until the whole allocation is free the job keeps what it holds, one
-restart per move), so the slots held and reserved never exceed the budget.
+restart per move), so the slots held and reserved never exceed the budget; a job allocated less
+than it holds gives way only while another waits for the slots.
 The allocation is made for the plan's first step and made again at every window (receding horizon);
 the curves assume the job holds p over the horizon (the plan's later steps are not allocated ahead).
 """
@@ -52,39 +53,48 @@ DEFAULT_STEP_S = 60.0
 RULE = "fleet"
 CODE = "fleet_budget"  # a plan changed by the cluster's budget
 NAMED = 5  # jobs that gave way named in a reason
+NEED_STEPS = 5  # a job's need keeps its backlog within target over this many plan steps (5 min)
+
+
+def _held(problem: PlanProblem, top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per p in 1..top, moving to p now and holding it: the backlog at the horizon's end, and per step the
+    seconds of arrivals beyond the target at its end (steps x top)."""
+    p = np.arange(1, top + 1, dtype=float)
+    current = problem.parallelism
+    capacity = np.asarray(problem.capacity[1: top + 1], dtype=float)
+    down = np.where(p > current, problem.downtime_up_s, np.where(p < current, problem.downtime_down_s, 0.0))
+    down = np.minimum(down, problem.step_s)
+    backlog = np.full(top, problem.backlog) + np.where(p != current, problem.replay_records, 0.0)
+    rates = np.asarray(problem.rates, dtype=float)
+    excess = np.zeros((len(rates), top))
+    for k, rate in enumerate(rates):
+        pause = down if k == 0 else 0.0
+        backlog = backlog + rate * pause
+        backlog = np.maximum(0.0, backlog + rate * (problem.step_s - pause) - capacity * (problem.step_s - pause))
+        excess[k] = np.maximum(0.0, backlog - problem.backlog_target_s * rate) / max(rate, 1.0)
+    return backlog, excess, capacity
 
 
 def hold_costs(problem: PlanProblem, weight: float = 1.0, top: int | None = None) -> np.ndarray:
     """Per p in 1..top (default: the problem's maximum): the cost of moving to p now and holding it over
     the problem's horizon (see the module docstring); index 0 is p = 1."""
     top = problem.max_parallelism if top is None else min(top, problem.max_parallelism)
+    backlog, excess, capacity = _held(problem, top)
     p = np.arange(1, top + 1, dtype=float)
-    current = problem.parallelism
-    capacity = np.asarray(problem.capacity[1: top + 1], dtype=float)
-    down = np.where(p > current, problem.downtime_up_s, np.where(p < current, problem.downtime_down_s, 0.0))
-    down = np.minimum(down, problem.step_s)
-    moved = p != current
-    backlog = np.full(top, problem.backlog) + np.where(moved, problem.replay_records, 0.0)
-    violation = np.zeros(top)
-    rates = np.asarray(problem.rates, dtype=float)
-    for k, rate in enumerate(rates):
-        pause = down if k == 0 else 0.0
-        backlog = backlog + rate * pause
-        backlog = np.maximum(0.0, backlog + rate * (problem.step_s - pause) - capacity * (problem.step_s - pause))
-        excess = np.maximum(0.0, backlog - problem.backlog_target_s * rate) / max(rate, 1.0)
-        violation += excess  # seconds of arrivals beyond the target, checked at each step's end
     per_record = p / np.maximum(capacity, EPSILON)
-    slots = p * problem.step_s * len(rates)
-    penalty = np.where(moved, problem.action_penalty_s, 0.0)
-    return slots + penalty + backlog * per_record + weight * problem.violation_weight * violation
+    slots = p * problem.step_s * len(problem.rates)
+    penalty = np.where(p != problem.parallelism, problem.action_penalty_s, 0.0)
+    return slots + penalty + backlog * per_record + weight * problem.violation_weight * excess.sum(axis=0)
 
 
 def need_of(problem: PlanProblem) -> int:
-    """The fewest slots (at least the minimum) whose capacity carries the planned rate now; the maximum
-    where none does."""
-    capacity = np.asarray(problem.capacity[1:], dtype=float)
-    carries = (capacity >= float(problem.rates[0]) - EPSILON) & problem.within_bounds()
-    return int(np.argmax(carries)) + 1 if carries.any() else problem.max_parallelism
+    """What the job's arrivals need: the fewest slots (at least the minimum) whose capacity carries the planned
+    rate now and which, held, keep the backlog within its target over the next NEED_STEPS steps (a backlog
+    near its target needs slots to drain); the maximum where none does."""
+    _, excess, capacity = _held(problem, problem.max_parallelism)
+    keeps = excess[:NEED_STEPS].sum(axis=0) <= EPSILON
+    enough = (capacity >= float(problem.rates[0]) - EPSILON) & keeps & problem.within_bounds()
+    return int(np.argmax(enough)) + 1 if enough.any() else problem.max_parallelism
 
 
 def plain_problem(analysis: Analysis, config: JobConfig) -> PlanProblem | None:
@@ -216,22 +226,31 @@ def _exchange(bids: Mapping[str, FleetBid], slots: dict[str, int], left: int) ->
 
 def grant(state: FleetState, bid: FleetBid, cluster: str, budget: int, commit: bool) -> tuple[FleetState, FleetGrant]:
     """The fleet step for one job's window: its bid joins the cluster's, the budget is allocated, and the job
-    is granted its allocation, or, where the others still hold part of it (they give way at their next
-    window), what it holds until the whole allocation is free. With `commit` (the job's decisions are
-    carried out), what it holds becomes the larger of what it runs and what it was granted; the state
-    returned is the cluster's, to store. The slots a job ran
-    before its first bid are not known to the others' grants: a fleet starts from what each job runs
+    is granted its allocation, with two exceptions that each save a restart:
+    - a scale-up waits until its whole allocation is free (the others give way at their next window): a
+      job that took what is free now would restart again for the rest, and the wait runs it at what it holds;
+    - a job allocated less than it holds and its plan gives way only while other jobs wait for more slots
+      than are free; until then it keeps them (released, they would sit idle).
+    With `commit` (the job's decisions are carried out), what it holds becomes the larger of what it runs
+    and what it was granted; the state returned is the cluster's, to store. The slots a job ran before its
+    first bid are not known to the others' grants: a fleet starts from what each job runs
     (`FleetState.held`), or from jobs that do not run yet."""
     bids = {**state.bids, bid.job_id: bid}
     allocation = allocate(bids, budget)
     allocated = allocation.slots[bid.job_id]
-    others = sum(slots for job, slots in state.held.items() if job != bid.job_id)
-    # A scale-up waits until its whole allocation is free: a job that took what is free now would restart
-    # again for the rest (each restart pauses it; the wait runs it at what it holds).
-    granted = allocated if allocated <= bid.holds or allocated <= budget - others else bid.holds
-    held = dict(state.held)
+    held = {**state.held, bid.job_id: bid.holds}
+    free = budget - sum(held.values())
+    if allocated > bid.holds:
+        granted = allocated if allocated - bid.holds <= free else bid.holds
+    elif allocated >= min(bid.wants, bid.holds):
+        granted = allocated  # the job's own plan (a hold, or a scale-down to what it wants)
+    else:
+        waiting = sum(max(0, allocation.slots[job] - held.get(job, 0)) for job in bids if job != bid.job_id)
+        granted = allocated if waiting > free else min(bid.wants, bid.holds)
     if commit:
         held[bid.job_id] = max(bid.holds, granted)
+    else:
+        held = dict(state.held)
     return FleetState(bids=bids, held=held), FleetGrant(
         cluster=cluster, budget=budget, granted=granted, allocated=allocated, binds=allocation.binds,
         price=None if allocation.price is None else round(allocation.price, 1), gave_way=list(allocation.gave_way),

@@ -141,7 +141,8 @@ def test_held_and_granted_slots_never_exceed_the_budget(steps: list[tuple[int, i
                        costs=[100.0 * (wants - k) for k in range(wants)])
         state, given_ = grant(state, bid, "c", budget, commit=True)
         assert sum(state.held.values()) <= budget
-        assert given_.granted in (bid.holds, given_.allocated)  # all of its allocation, or what it holds
+        # All of its allocation, what it holds, or (nobody waiting) what it holds within what it wants.
+        assert given_.granted in (bid.holds, given_.allocated, min(bid.wants, bid.holds))
         holds[job] = given_.granted  # the job moves to its grant (a release frees slots at its next bid)
 
 
@@ -184,3 +185,19 @@ def test_clusters_are_checked_at_registration() -> None:
         run_now(k.register_job("b", {"weight": "0"}))
     with pytest.raises(ValueError):
         ClusterConfig(name="Bad Name", workers=1, slots_per_worker=1)
+
+
+def test_a_job_gives_way_only_while_another_waits_for_the_slots() -> None:
+    def bid(job: str, holds: int, wants: int, need: int, savings: float) -> FleetBid:
+        return FleetBid(job_id=job, holds=holds, wants=wants, need=need, minimum=1, weight=1.0,
+                        costs=[1000.0 - savings * k for k in range(wants)])
+
+    state = FleetState(held={"a": 6, "b": 4})
+    # b wants 6 and saves more per slot than a: the allocation moves 2 of a's slots to b (budget 10).
+    state, b_first = grant(state, bid("b", 4, 6, 4, 500.0), "c", 10, commit=True)
+    assert (b_first.allocated, b_first.granted) == (6, 4)  # b waits: the slots are a's until a releases them
+    state, a_turn = grant(state, bid("a", 6, 6, 4, 100.0), "c", 10, commit=True)
+    assert (a_turn.allocated, a_turn.granted) == (4, 4)  # b waits for them: a gives way
+    state = FleetState(held={"a": 6, "b": 4}, bids={"b": bid("b", 4, 4, 4, 500.0)})
+    _, alone = grant(state, bid("a", 6, 7, 4, 100.0), "c", 10, commit=True)
+    assert alone.granted == 6  # nobody waits: a keeps what it holds (released, the slots would sit idle)
