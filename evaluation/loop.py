@@ -208,7 +208,8 @@ class Loops:
         parsed = monitor_kernel.parse(records, topic, settings.max_message_bytes, now, settings.max_clock_skew_s)
         unknown = parsed.job_ids() - set(self.jobs)
         windows = {job: loop.open for job, loop in self.jobs.items() if loop.open is not None}
-        folded = monitor_kernel.fold(windows, parsed, unknown, settings.loop_interval_s, topic)
+        orphaned = run_now(self.knowledge.orphaned_jobs())
+        folded = monitor_kernel.fold(windows, parsed, unknown, settings.loop_interval_s, topic, orphaned)
         for job, state in folded.changed.items():
             self.jobs[job].open = state
         self.dead_letters += folded.rejected

@@ -59,6 +59,7 @@ class MemoryKnowledge:
         self._allocations: dict[str, int] = {}
         self._clusters: dict[str, ClusterConfig] = {}
         self._fleets: dict[str, FleetState] = {}
+        self._orphans: dict[str, str] = {}  # job -> its removed cluster
         self._counters: defaultdict[str, int] = defaultdict(int)
 
     async def ping(self) -> bool:
@@ -88,6 +89,7 @@ class MemoryKnowledge:
                         {**self._minimums(config.cluster), job_id: config.min_parallelism})
         self._jobs.add(job_id)
         self._config[job_id] = merged
+        self._orphans.pop(job_id, None)
         return config
 
     async def set_config(self, job_id: str, changes: dict[str, str]) -> JobConfig:
@@ -107,6 +109,7 @@ class MemoryKnowledge:
     async def unregister_job(self, job_id: str) -> None:
         self._jobs.discard(job_id)
         self._allocations.pop(job_id, None)
+        self._orphans.pop(job_id, None)
         for name, fleet in self._fleets.items():
             self._fleets[name] = FleetState(bids={j: b for j, b in fleet.bids.items() if j != job_id},
                                             held={j: h for j, h in fleet.held.items() if j != job_id})
@@ -287,10 +290,15 @@ class MemoryKnowledge:
     async def register_cluster(self, cluster: ClusterConfig) -> None:
         check_fleet(cluster.name, cluster, self._minimums(cluster.name))
         self._clusters[cluster.name] = cluster
+        self._orphans = {job: c for job, c in self._orphans.items() if c != cluster.name}
 
     async def remove_cluster(self, name: str) -> None:
+        self._orphans.update({job: name for job in self._minimums(name)})
         self._clusters.pop(name, None)
         self._fleets.pop(name, None)
+
+    async def orphaned_jobs(self) -> dict[str, str]:
+        return dict(self._orphans)
 
     async def clusters(self) -> dict[str, ClusterConfig]:
         return dict(self._clusters)

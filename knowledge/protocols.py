@@ -207,6 +207,11 @@ class Fleets(Protocol):
 
     async def clusters(self) -> dict[str, ClusterConfig]: ...
 
+    async def orphaned_jobs(self) -> dict[str, str]:
+        """The registered jobs whose cluster was removed (job -> cluster), until they are registered again
+        on a cluster that exists (or none), or their cluster is added back."""
+        ...
+
     async def fleet_state(self, name: str) -> FleetState: ...
 
     async def update_fleet(self, name: str, step: FleetStep) -> FleetGrant | None:
@@ -227,9 +232,12 @@ class ExecuteKnowledge(Decisions, Fencing, PlanStates, Protocol):
 
 
 class MonitorKnowledge(OpenWindows, Counters, Protocol):
-    """What monitor asks of the knowledge base: the registered jobs, the open windows, the counters."""
+    """What monitor asks of the knowledge base: the registered jobs (and those whose cluster was removed),
+    the open windows, the counters."""
 
     async def jobs(self) -> set[str]: ...
+
+    async def orphaned_jobs(self) -> dict[str, str]: ...
 
 
 class AnalyzeKnowledge(WindowCommits, Protocol):

@@ -22,6 +22,10 @@ class RedisFleet(RedisBase):
     def _clusters_key(self) -> str:
         return f"{self.prefix}:clusters"
 
+    @property
+    def _orphans_key(self) -> str:
+        return f"{self.prefix}:orphaned-jobs"
+
     def _fleet_key(self, name: str) -> str:
         return f"{self.prefix}:fleet:{name}"
 
@@ -46,14 +50,28 @@ class RedisFleet(RedisBase):
                         {**await self._minimums(config.cluster), job_id: config.min_parallelism})
 
     async def register_cluster(self, cluster: ClusterConfig) -> None:
-        check_fleet(cluster.name, cluster, await self._minimums(cluster.name))
-        await self.redis.hset(self._clusters_key, cluster.name, cluster.model_dump_json())
+        jobs = await self._minimums(cluster.name)
+        check_fleet(cluster.name, cluster, jobs)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._clusters_key, cluster.name, cluster.model_dump_json())
+            if jobs:
+                pipe.hdel(self._orphans_key, *jobs)
+            await pipe.execute()
 
     async def remove_cluster(self, name: str) -> None:
+        jobs = await self._minimums(name)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hdel(self._clusters_key, name)
             pipe.delete(self._fleet_key(name))
+            if jobs:
+                pipe.hset(self._orphans_key, mapping={job: name for job in jobs})
             await pipe.execute()
+
+    async def orphaned_jobs(self) -> dict[str, str]:
+        return dict(await self.redis.hgetall(self._orphans_key))
+
+    async def _unorphan(self, job_id: str) -> None:
+        await self.redis.hdel(self._orphans_key, job_id)
 
     async def clusters(self) -> dict[str, ClusterConfig]:
         return {name: ClusterConfig.model_validate_json(raw)

@@ -40,6 +40,7 @@ class RedisJobs(RedisFleet):
         config = validate_overrides(self.settings, merged, {})
         await self.check_job_cluster(job_id, config)
         await self._store_overrides(job_id, merged)
+        await self._unorphan(job_id)
         return config
 
     async def set_config(self, job_id: str, changes: dict[str, str]) -> JobConfig:
@@ -59,6 +60,7 @@ class RedisJobs(RedisFleet):
 
     async def unregister_job(self, job_id: str) -> None:
         await self.forget_bid(job_id)
+        await self._unorphan(job_id)
         keys = [key async for key in self.redis.scan_iter(match=self._key(job_id, "*"), count=500)]
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.srem(self._jobs_key, job_id)

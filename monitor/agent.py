@@ -24,17 +24,20 @@ REGISTRY_TTL_S = 2.0
 
 
 class RegistryCache:
-    """Known job ids, refreshed every few seconds; a miss is re-checked so new jobs count at once."""
+    """Known job ids and the jobs whose cluster was removed, refreshed every few seconds; a miss is re-checked
+    so new jobs count at once."""
 
     def __init__(self, knowledge: MonitorKnowledge):
         self.knowledge = knowledge
         self.known: set[str] = set()
+        self.orphaned: dict[str, str] = {}
         self.loaded_at = 0.0
 
     async def unknown(self, job_ids: set[str]) -> set[str]:
         now = time.monotonic()
         if now - self.loaded_at > REGISTRY_TTL_S or not job_ids <= self.known:
             self.known = await self.knowledge.jobs()
+            self.orphaned = await self.knowledge.orphaned_jobs()
             self.loaded_at = now
         return job_ids - self.known
 
@@ -73,7 +76,7 @@ class MonitorAgent:
         parsed = kernel.parse(records, topic, settings.max_message_bytes, time.time(), settings.max_clock_skew_s)
         unknown = await registry.unknown(parsed.job_ids())
         windows.update(await knowledge.load_windows(kernel.missing_windows(parsed, windows, unknown)))
-        folded = kernel.fold(windows, parsed, unknown, settings.loop_interval_s, topic)
+        folded = kernel.fold(windows, parsed, unknown, settings.loop_interval_s, topic, registry.orphaned)
         windows.update(folded.changed)
 
         await publish_per_key(self.publish, "windows", [(w.job_id, w.to_bytes()) for w in folded.closed])

@@ -88,10 +88,12 @@ def fold(
     unknown: set[str],
     interval_s: float,
     topic: str,
+    orphaned: Mapping[str, str] | None = None,
 ) -> Folded:
     """Step 2: fold the accepted reports into `windows` (every registered job's open window, or none
-    yet); `unknown` are the reporting jobs that are not registered. `windows` is not changed: the
-    jobs whose windows changed are in the result's `changed`."""
+    yet); `unknown` are the reporting jobs that are not registered, `orphaned` the registered jobs whose
+    cluster was removed (job -> cluster): the reports of both are dead-lettered with the reason. `windows`
+    is not changed: the jobs whose windows changed are in the result's `changed`."""
     out = Folded(rejected=list(parsed.rejected))
     current = dict(windows)
     redelivered = 0
@@ -100,6 +102,11 @@ def fold(
         if job in unknown:
             out.rejected.append(rejected_record(topic, record, Rejection(
                 "unknown_job", f"job {job!r} is not registered (autoscaler jobs register {job})")))
+            continue
+        if orphaned and job in orphaned:
+            out.rejected.append(rejected_record(topic, record, Rejection(
+                "unknown_cluster", f"job {job!r} names cluster {orphaned[job]!r}, which was removed "
+                f"(autoscaler cluster add {orphaned[job]} ..., or autoscaler config unset {job} cluster)")))
             continue
         state = current.get(job)
         if record.partition is not None and record.offset is not None and already_applied(

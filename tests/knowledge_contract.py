@@ -206,6 +206,10 @@ async def a_fleet_step_runs_on_the_clusters_stored_state(k: Knowledge, job: str)
     assert (await k.update_fleet(name, step)).granted == 2  # type: ignore[union-attr]
     assert (await k.update_fleet(name, step)).granted == 4  # type: ignore[union-attr]
     assert (await k.fleet_state(name)).held == {job: 4}
+    await k.remove_cluster(name)  # its job's reports are dead-lettered until the cluster is back
+    assert (await k.orphaned_jobs()).get(job) == name
+    await k.register_cluster(ClusterConfig(name=name, workers=2, slots_per_worker=3))
+    assert job not in await k.orphaned_jobs()
     await k.unregister_job(job)
     assert job not in (await k.fleet_state(name)).held
     await k.remove_cluster(name)

@@ -15,6 +15,8 @@ from contracts.decisions import Action, DecisionReason
 from contracts.fleet import ClusterConfig, FleetBid, FleetGrant, FleetState
 from contracts.jobs import ConfigError, JobConfig
 from contracts.settings import Settings
+from contracts.stage import Incoming
+from evaluation.loop import JobLoop, Loops
 from knowledge.memory import MemoryKnowledge, run_now
 from plan.cost_plan import PlanProblem
 from plan.fleet import BudgetError, allocate, bid_of, grant, hold_costs, need_of, within_grant
@@ -201,3 +203,16 @@ def test_a_job_gives_way_only_while_another_waits_for_the_slots() -> None:
     state = FleetState(held={"a": 6, "b": 4}, bids={"b": bid("b", 4, 4, 4, 500.0)})
     _, alone = grant(state, bid("a", 6, 7, 4, 100.0), "c", 10, commit=True)
     assert alone.granted == 6  # nobody waits: a keeps what it holds (released, the slots would sit idle)
+
+
+def test_a_report_of_a_job_whose_cluster_was_removed_is_dead_lettered_with_the_reason() -> None:
+    loops = Loops({}, Settings())
+    run_now(loops.knowledge.register_cluster(ClusterConfig(name="c", workers=1, slots_per_worker=4)))
+    config = run_now(loops.knowledge.register_job("j", {"cluster": "c"}))
+    loops.jobs["j"] = JobLoop("j", config, knowledge=loops.knowledge)
+    run_now(loops.knowledge.remove_cluster("c"))
+    report = (b'{"schema_version": 1, "job_id": "j", "timestamp": 1795000010.0, "interval_s": 5.0, '
+              b'"parallelism": 1, "records_in": 10, "records_out": 10, "busy_time_s": 1.0}')
+    loops.records([Incoming(value=report, key=b"j", partition=0, offset=1)], now=1795000011.0)
+    assert [(d.reason, "cluster 'c'" in d.detail) for d in loops.dead_letters] == [("unknown_cluster", True)]
+    assert loops.jobs["j"].open is None  # nothing folded
