@@ -93,6 +93,8 @@ def evaluate_command(
                                                     "sum of the jobs' peak slots.")] = None,
     budget_share: Annotated[float, typer.Option(help="--fleet: the budget as a share of the jobs' peak slots.")
     ] = 0.6,
+    fleet_weight: Annotated[list[float] | None, typer.Option(
+        help="--fleet: the jobs' weights, in turn (repeatable; default 1 each).")] = None,
     live: Annotated[bool, typer.Option(help="Replay one trace against the real Spark job through the agents.")] = False,
     live_minutes: Annotated[float, typer.Option(help="--live: minutes of replay.")] = 12.0,
     live_trace_hours: Annotated[float, typer.Option(help="--live: hours of the trace replayed in them.")] = 2.0,
@@ -153,13 +155,15 @@ def evaluate_command(
     if fleet:
         from evaluation.fleet import SHARED_TRACES, FleetCase, run_fleet_evaluation
 
+        if any(not 0 < w <= 100 for w in fleet_weight or []):
+            raise typer.BadParameter("a weight in (0, 100]", param_hint="--fleet-weight")
         if fleet < 1 or not 0 < budget_share <= 1 or (budget is not None and budget < fleet):
             raise typer.BadParameter("at least one job, a share in (0, 1], a budget of at least a slot per job",
                                      param_hint="--fleet/--budget")
         case = FleetCase(jobs=fleet, budget=budget, budget_share=budget_share,
                          traces=tuple([*(trace or []), *files] or SHARED_TRACES),
                          regime=regimes[0] if regime else "compressed",
-                         policy=policies[0] if policy else DEFAULT_POLICY)
+                         policy=policies[0] if policy else DEFAULT_POLICY, weights=tuple(fleet_weight or [1.0]))
         run_fleet_evaluation(console, case, settings, workers, json_out)
         return
     if live:

@@ -66,6 +66,7 @@ class FleetCase:
     traces: tuple[str, ...] = SHARED_TRACES
     regime: Regime = "compressed"
     policy: str = "default"
+    weights: tuple[float, ...] = (1.0,)  # the jobs' weights, in turn
 
 
 def shifted_trace(name: str, i: int, n: int, settings: EvalSettings, regime: Regime, seed: int) -> Trace:
@@ -111,11 +112,12 @@ def run_arm(arm: str, jobs: list[FleetJob], budget: int, case: FleetCase, settin
                                                       "cluster": CLUSTER if arm == "fleet" else ""})
     quota = budget if arm == "quota" else None
     sims = []
-    for job in jobs:
-        runner = PolicyRunner(make_policy(case.policy), config, job.name, quota=quota, knowledge=knowledge)
+    for i, job in enumerate(jobs):
+        weighted = config.model_copy(update={"weight": case.weights[i % len(case.weights)]})
+        runner = PolicyRunner(make_policy(case.policy), weighted, job.name, quota=quota, knowledge=knowledge)
         if quota is not None:
             run_now(knowledge.reserve_slots(job.name, job.start, job.start, quota, commit=True))
-        sims.append(JobSim(job.trace, model, runner, config, job.start, settings.backlog_target_s,
+        sims.append(JobSim(job.trace, model, runner, weighted, job.start, settings.backlog_target_s,
                            forecasts.get(job.name), factors=job.factors, job_id=job.name))
     windows = min(len(job.trace.rates) for job in jobs)
     held = np.zeros((windows, len(jobs)), dtype=int)
@@ -189,7 +191,8 @@ def evaluate_fleet(case: FleetCase, settings: EvalSettings, seed: int, arms: tup
         r["vs_bound"] = round(r["slot_seconds"] / bound, 4)
     return {
         "seed": seed, "jobs": [{"name": j.name, "trace": j.trace.description, "peak_slots": j.peak_slots,
-                                "start": j.start} for j in jobs],
+                                "start": j.start, "weight": case.weights[i % len(case.weights)]}
+                               for i, j in enumerate(jobs)],
         "budget": budget, "sum_of_peaks": sum(j.peak_slots for j in jobs),
         "bound": {"slot_seconds": round(bound, 1), "over_budget_s": WINDOW_S * int(np.count_nonzero(together > budget)),
                   "peak_slots": int(together.max()), "all_feasible": all(o.feasible for o in oracles)},

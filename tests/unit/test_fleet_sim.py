@@ -27,8 +27,9 @@ def test_starvation_counts_runs_of_a_minute_below_need_and_late_while_another_ho
 
 def test_the_fleet_step_keeps_a_shared_cluster_within_its_budget() -> None:
     settings = EvalSettings(hours=1.0, noise_bound=False)
-    out = evaluate_fleet(FleetCase(jobs=3, budget_share=0.6), settings, seed=0)
+    out = evaluate_fleet(FleetCase(jobs=3, budget_share=0.6, weights=(2.0, 1.0)), settings, seed=0)
     arms = {arm["arm"]: arm for arm in out["arms"]}
+    assert [job["weight"] for job in out["jobs"]] == [2.0, 1.0, 2.0]
     assert out["budget"] < out["sum_of_peaks"]
     assert arms["fleet"]["overrun_s"] == 0 and arms["fleet"]["peak_held"] <= out["budget"]
     assert arms["fleet"]["fleet_budget_decisions"] > 0  # the budget bound, and the reasons say so
