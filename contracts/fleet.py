@@ -66,6 +66,11 @@ class FleetState(BaseModel):
     bids: dict[str, FleetBid] = Field(default_factory=dict)
     held: dict[str, int] = Field(default_factory=dict)
 
+    def without(self, job_id: str) -> FleetState:
+        """The fleet with the job's bid and held slots dropped (the job was unregistered)."""
+        return FleetState(bids={j: b for j, b in self.bids.items() if j != job_id},
+                          held={j: h for j, h in self.held.items() if j != job_id})
+
 
 class FleetGrant(BaseModel):
     """What the fleet step granted one job: `granted` slots now (within what the others hold), its share

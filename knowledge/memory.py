@@ -110,9 +110,7 @@ class MemoryKnowledge:
         self._jobs.discard(job_id)
         self._allocations.pop(job_id, None)
         self._orphans.pop(job_id, None)
-        for name, fleet in self._fleets.items():
-            self._fleets[name] = FleetState(bids={j: b for j, b in fleet.bids.items() if j != job_id},
-                                            held={j: h for j, h in fleet.held.items() if j != job_id})
+        self._fleets = {name: fleet.without(job_id) for name, fleet in self._fleets.items()}
         for store in (self._config, self._windows, self._state, self._forecasts, self._fences, self._locks,
                       self._inflight, self._deadlines):
             store.pop(job_id, None)  # type: ignore[attr-defined]

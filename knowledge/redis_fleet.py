@@ -104,9 +104,7 @@ class RedisFleet(RedisBase):
     async def forget_bid(self, job_id: str) -> None:
         """Drop an unregistered job's bid and held slots from every cluster's fleet."""
         for name in await self.redis.hkeys(self._clusters_key):
-            await self.update_fleet(name, lambda state, _budget: (FleetState(
-                bids={j: b for j, b in state.bids.items() if j != job_id},
-                held={j: h for j, h in state.held.items() if j != job_id}), _NO_GRANT))
+            await self.update_fleet(name, lambda state, _budget: (state.without(job_id), _NO_GRANT))
 
 
 _NO_GRANT = FleetGrant(cluster="", budget=0, granted=0, allocated=0, binds=False)
