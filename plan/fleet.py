@@ -5,7 +5,9 @@ holds, the slots its own plan wants, the slots its arrivals need now, its minimu
 cost curve: per number of slots p, what holding p over the planning horizon costs (`hold_costs`),
 on the terms of the schedule search (`plan.cost_plan`): slot-seconds, the restart that reaches p, the
 violation weight per second of arrivals beyond the backlog target (times the job's weight) and the
-work its backlog still needs at the horizon's end.
+work its backlog still needs at the horizon's end. Simpler than the search in two ways: the target is
+checked at each step's end only (not also at a restart's end), and an in-place scale-up's ramp at the
+old capacity is not counted (its pause, zero in place, is).
 
 `allocate` divides the budget, in this order:
 1. where every job's plan fits, each gets it: the budget does not bind;
@@ -75,26 +77,34 @@ def _held(problem: PlanProblem, top: int) -> tuple[np.ndarray, np.ndarray, np.nd
     return backlog, excess, capacity
 
 
-def hold_costs(problem: PlanProblem, weight: float = 1.0, top: int | None = None) -> np.ndarray:
-    """Per p in 1..top (default: the problem's maximum): the cost of moving to p now and holding it over
-    the problem's horizon (see the module docstring); index 0 is p = 1."""
-    top = problem.max_parallelism if top is None else min(top, problem.max_parallelism)
-    backlog, excess, capacity = _held(problem, top)
-    p = np.arange(1, top + 1, dtype=float)
+def _costs(problem: PlanProblem, held: tuple[np.ndarray, np.ndarray, np.ndarray], weight: float) -> np.ndarray:
+    backlog, excess, capacity = held
+    p = np.arange(1, len(capacity) + 1, dtype=float)
     per_record = p / np.maximum(capacity, EPSILON)
     slots = p * problem.step_s * len(problem.rates)
     penalty = np.where(p != problem.parallelism, problem.action_penalty_s, 0.0)
     return slots + penalty + backlog * per_record + weight * problem.violation_weight * excess.sum(axis=0)
 
 
+def _need(problem: PlanProblem, held: tuple[np.ndarray, np.ndarray, np.ndarray]) -> int:
+    _, excess, capacity = held
+    keeps = excess[:NEED_STEPS].sum(axis=0) <= EPSILON
+    enough = (capacity >= float(problem.rates[0]) - EPSILON) & keeps & problem.within_bounds()
+    return int(np.argmax(enough)) + 1 if enough.any() else problem.max_parallelism
+
+
+def hold_costs(problem: PlanProblem, weight: float = 1.0, top: int | None = None) -> np.ndarray:
+    """Per p in 1..top (default: the problem's maximum): the cost of moving to p now and holding it over
+    the problem's horizon (see the module docstring); index 0 is p = 1."""
+    top = problem.max_parallelism if top is None else min(top, problem.max_parallelism)
+    return _costs(problem, _held(problem, top), weight)
+
+
 def need_of(problem: PlanProblem) -> int:
     """What the job's arrivals need: the fewest slots (at least the minimum) whose capacity carries the planned
     rate now and which, held, keep the backlog within its target over the next NEED_STEPS steps (a backlog
     near its target needs slots to drain); the maximum where none does."""
-    _, excess, capacity = _held(problem, problem.max_parallelism)
-    keeps = excess[:NEED_STEPS].sum(axis=0) <= EPSILON
-    enough = (capacity >= float(problem.rates[0]) - EPSILON) & keeps & problem.within_bounds()
-    return int(np.argmax(enough)) + 1 if enough.any() else problem.max_parallelism
+    return _need(problem, _held(problem, problem.max_parallelism))
 
 
 def plain_problem(analysis: Analysis, config: JobConfig) -> PlanProblem | None:
@@ -121,10 +131,11 @@ def bid_of(job_id: str, problem: PlanProblem | None, holds: int, wants: int, con
     if problem is None:
         return FleetBid(job_id=job_id, holds=holds, wants=wants, need=wants, minimum=minimum, weight=config.weight,
                         costs=[0.0] * (wants - minimum + 1), at=at)
-    costs = hold_costs(problem, config.weight, top=max(wants, minimum))
+    held = _held(problem, problem.max_parallelism)  # one replay serves the curve and the need
+    costs = _costs(problem, held, config.weight)[:wants]
     if len(costs) < wants:  # wants beyond the problem's maximum: its curve held flat there
         costs = np.concatenate([costs, np.full(wants - len(costs), costs[-1])])
-    return FleetBid(job_id=job_id, holds=holds, wants=wants, need=min(need_of(problem), wants), minimum=minimum,
+    return FleetBid(job_id=job_id, holds=holds, wants=wants, need=min(_need(problem, held), wants), minimum=minimum,
                     weight=config.weight, costs=[round(float(c), 3) for c in costs[minimum - 1: wants]], at=at)
 
 
@@ -238,19 +249,16 @@ def grant(state: FleetState, bid: FleetBid, cluster: str, budget: int, commit: b
     bids = {**state.bids, bid.job_id: bid}
     allocation = allocate(bids, budget)
     allocated = allocation.slots[bid.job_id]
-    held = {**state.held, bid.job_id: bid.holds}
-    free = budget - sum(held.values())
+    now = {**state.held, bid.job_id: bid.holds}  # what every job holds as this one bids
+    free = budget - sum(now.values())
     if allocated > bid.holds:
         granted = allocated if allocated - bid.holds <= free else bid.holds
     elif allocated >= min(bid.wants, bid.holds):
         granted = allocated  # the job's own plan (a hold, or a scale-down to what it wants)
     else:
-        waiting = sum(max(0, allocation.slots[job] - held.get(job, 0)) for job in bids if job != bid.job_id)
+        waiting = sum(max(0, allocation.slots[job] - now.get(job, 0)) for job in bids if job != bid.job_id)
         granted = allocated if waiting > free else min(bid.wants, bid.holds)
-    if commit:
-        held[bid.job_id] = max(bid.holds, granted)
-    else:
-        held = dict(state.held)
+    held = {**now, bid.job_id: max(bid.holds, granted)} if commit else state.held
     return FleetState(bids=bids, held=held), FleetGrant(
         cluster=cluster, budget=budget, granted=granted, allocated=allocated, binds=allocation.binds,
         price=None if allocation.price is None else round(allocation.price, 1), gave_way=list(allocation.gave_way),
