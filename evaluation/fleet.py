@@ -42,8 +42,8 @@ from contracts.fleet import ClusterConfig
 from contracts.settings import Settings
 from evaluation.forecasts import forecast_stream, one_blas_thread
 from evaluation.jobmodel import JobModel
-from evaluation.simulator import WINDOW_S, JobSim, PolicyRunner, rate_factors, static_parallelism
-from evaluation.suite import EvalSettings, eval_config, oracle_for, start_parallelism
+from evaluation.simulator import REPORTS_PER_WINDOW, WINDOW_S, JobSim, PolicyRunner, rate_factors, static_parallelism
+from evaluation.suite import EvalSettings, capacities_of, eval_config, oracle_for, start_parallelism
 from evaluation.traces import SHARED_TRACES, Regime, Trace, replay, resolve
 from knowledge.memory import MemoryKnowledge, run_now
 from plan.fleet import join, weighted_share
@@ -181,10 +181,11 @@ def evaluate_fleet(case: FleetCase, settings: EvalSettings, seed: int, arms: tup
         jobs = [dataclasses.replace(j, start=starts[j.name]) for j in jobs]
     config = eval_config(settings)
     forecasts = {job.name: forecast_stream(job.trace, config) for job in jobs}
-    capacities = np.array([0.0, *(model.capacity(p) for p in range(1, settings.max_parallelism + 1))])
-    oracles = [oracle_for(job.trace, model, job.factors, job.start, settings, capacities)[0] for job in jobs]
+    capacities = capacities_of(model, settings)
+    oracles = [oracle_for(job.trace, model, job.factors, job.start, settings, capacities, relaxation=False)[0]
+               for job in jobs]
     windows = min(len(job.trace.rates) for job in jobs)
-    together = np.sum([o.parallelism[::2][:windows] for o in oracles], axis=0)
+    together = np.sum([o.parallelism[::REPORTS_PER_WINDOW][:windows] for o in oracles], axis=0)
     bound = sum(o.slot_seconds for o in oracles)
     results = [run_arm(arm, jobs, budget, case, settings, model, forecasts) for arm in arms]
     for r in results:

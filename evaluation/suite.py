@@ -117,13 +117,19 @@ def oracle_arguments(trace: Trace, model: JobModel, start: int, settings: EvalSe
     return np.repeat(trace.rates, half), args
 
 
+def capacities_of(model: JobModel, settings: EvalSettings) -> np.ndarray:
+    """The job model's capacity (records/s) at each parallelism 0..max, as the oracle and the bound take it."""
+    return np.array([0.0, *(model.capacity(p) for p in range(1, settings.max_parallelism + 1))])
+
+
 def oracle_for(trace: Trace, model: JobModel, factors: np.ndarray, start: int, settings: EvalSettings,
-               capacities: np.ndarray) -> tuple[Any, Any]:
-    """The oracle and its free-rescale relaxation (`oracle_arguments`), with the same noise as the policies."""
+               capacities: np.ndarray, relaxation: bool = True) -> tuple[Any, Any]:
+    """The oracle and its free-rescale relaxation (`oracle_arguments`; None without `relaxation`), with the
+    same noise as the policies."""
     rates, args = oracle_arguments(trace, model, start, settings)
     noise = np.repeat(factors, REPORTS_PER_WINDOW)
     return (oracle_with_restarts(rates, capacities, rate_factors=noise, **args),
-            oracle_without_restarts(rates, capacities, rate_factors=noise, **args))
+            oracle_without_restarts(rates, capacities, rate_factors=noise, **args) if relaxation else None)
 
 
 def bound_for(trace: Trace, model: JobModel, start: int, settings: EvalSettings, capacities: np.ndarray,
@@ -150,7 +156,7 @@ def evaluate_case(name: str, regime: Regime, seed: int, policies: Sequence[str],
     static_p = static_parallelism(model, float(trace.rates.max()), settings.max_parallelism)
     start = start_parallelism(model, trace.rates, settings.max_parallelism)
     forecasts = forecast_stream(trace, config) if forecasting else None
-    capacities = np.array([0.0, *(model.capacity(p) for p in range(1, settings.max_parallelism + 1))])
+    capacities = capacities_of(model, settings)
     oracle, loose = oracle_for(trace, model, factors, start, settings, capacities)
     bound = bound_for(trace, model, start, settings, capacities, seed) if settings.noise_bound else None
     runs = []

@@ -31,6 +31,7 @@ from evaluation.simulator import (
 from evaluation.suite import (
     EvalSettings,
     bound_for,
+    capacities_of,
     eval_config,
     evaluate_case,
     oracle_arguments,
@@ -178,7 +179,7 @@ def test_the_noise_aware_bounds_schedule_fares_in_the_simulator_as_its_replay_sa
     trace = load_trace("wiki", settings.hours, settings.peak, WINDOW_S, "compressed", 1)
     model = demo_job_model().model(in_place=False)
     start = start_parallelism(model, trace.rates, settings.max_parallelism)
-    capacities = np.array([0.0, *(model.capacity(p) for p in range(1, settings.max_parallelism + 1))])
+    capacities = capacities_of(model, settings)
     bound = bound_for(trace, model, start, settings, capacities, seed=1)
     rates, args = oracle_arguments(trace, model, start, settings)
     for draw in noise_draws(len(trace.rates), REPORTS_PER_WINDOW, settings.noise, 3, seed=1):
@@ -201,7 +202,7 @@ def test_the_oracles_schedule_replayed_in_the_simulator_keeps_the_target_at_the_
         model = demo_job_model().model(in_place=backend is BackendKind.IN_PLACE)
         factors = rate_factors(len(trace.rates), seed, settings.rate_noise)
         start = start_parallelism(model, trace.rates, settings.max_parallelism)
-        capacities = np.array([0.0, *(model.capacity(p) for p in range(1, settings.max_parallelism + 1))])
+        capacities = capacities_of(model, settings)
         oracle, loose = oracle_for(trace, model, factors, start, settings, capacities)
         assert oracle.feasible and loose.slot_seconds <= oracle.slot_seconds + 1e-6
         schedule = ScheduleRunner(oracle.parallelism[::REPORTS_PER_WINDOW], trace.window_s)
