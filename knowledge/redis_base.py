@@ -46,6 +46,17 @@ class RedisBase:
     def _inflight_key(self) -> str:
         return f"{self.prefix}:inflight"
 
+    @property
+    def _clusters_key(self) -> str:
+        return f"{self.prefix}:clusters"
+
+    @property
+    def _orphans_key(self) -> str:
+        return f"{self.prefix}:orphaned-jobs"
+
+    def _fleet_key(self, name: str) -> str:
+        return f"{self.prefix}:fleet:{name}"
+
     async def _recent_json(self, job_id: str, name: str, limit: int) -> list[dict[str, Any]]:
         return [json.loads(item) for item in await self.redis.lrange(self._key(job_id, name), 0, limit - 1)]
 

@@ -1,7 +1,8 @@
 """The Redis knowledge base, part three: clusters and their fleet state.
 
-Keys: `<prefix>:clusters` (a hash: name -> the cluster's JSON) and `<prefix>:fleet:<name>` (the
-cluster's `FleetState` as JSON). A fleet step is an optimistic transaction: WATCH the fleet's key,
+Keys (named in `knowledge.redis_base` with the others): `<prefix>:clusters` (a hash: name -> the
+cluster's JSON), `<prefix>:fleet:<name>` (the cluster's `FleetState` as JSON) and
+`<prefix>:orphaned-jobs` (job -> its removed cluster). A fleet step is an optimistic transaction: WATCH the fleet's key,
 read it and the cluster, run the step, and write the new state in MULTI/EXEC; a worker raced by
 another retries on the state that won. Registering a job on a cluster checks its budget
 (`knowledge.fleet_rules.check_fleet`).
@@ -18,17 +19,6 @@ from knowledge.redis_base import RedisBase
 
 
 class RedisFleet(RedisBase):
-    @property
-    def _clusters_key(self) -> str:
-        return f"{self.prefix}:clusters"
-
-    @property
-    def _orphans_key(self) -> str:
-        return f"{self.prefix}:orphaned-jobs"
-
-    def _fleet_key(self, name: str) -> str:
-        return f"{self.prefix}:fleet:{name}"
-
     async def _cluster(self, name: str) -> ClusterConfig | None:
         raw = await self.redis.hget(self._clusters_key, name)
         return None if raw is None else ClusterConfig.model_validate_json(raw)
