@@ -58,3 +58,15 @@ def test_a_reservation_needs_its_answer() -> None:
     planned = plan(PlanState(), analysis(0.9, 4), CONFIG, rescaling=False, quota=10, policy=ThresholdPolicy())
     with pytest.raises(ValueError, match="slots granted"):
         finish(planned, analysis(0.9, 4), CONFIG)
+
+
+def test_a_job_on_a_cluster_bids_what_it_was_rescaled_to_while_its_windows_are_stale() -> None:
+    """A window measured before the job's last rescale still arrives after it: the fleet must count the
+    slots the job runs now (seen live: a job rescaled 2 -> 3 bid 2 on a stale window, and the slot it
+    still held was granted to another job)."""
+    on_cluster = CONFIG.model_copy(update={"cluster": "c"})
+    after = PlanState(expected_parallelism=3, stale_budget=2)
+    stale = plan(after, analysis(0.6, 2), on_cluster, rescaling=False, quota=None, policy=ThresholdPolicy())
+    assert stale.bid is not None and stale.bid.holds == 3
+    settled = plan(PlanState(), analysis(0.6, 2), on_cluster, rescaling=False, quota=None, policy=ThresholdPolicy())
+    assert settled.bid is not None and settled.bid.holds == 2
