@@ -146,15 +146,16 @@ def run_arm(arm: str, jobs: list[FleetJob], budget: int, case: FleetCase, settin
     }
 
 
-def starvation_s(parallelism: np.ndarray, needs: np.ndarray, late: np.ndarray) -> float:
-    """Seconds (arrays: windows x jobs) a job starves: it runs below what its arrivals need while its backlog is
-    beyond its target (`late`), for STARVED_AFTER_S or more in a row, while another job holds more than its own
-    need (only the windows of such runs count). A job below its need within its target is not starving: the
-    planner lets a backlog grow toward the target where that costs less."""
+def starvation_s(parallelism: np.ndarray, needs: np.ndarray, late: np.ndarray, window_s: float = WINDOW_S,
+                 after_s: float = STARVED_AFTER_S) -> float:
+    """Seconds (arrays: windows of `window_s` x jobs) a job starves: it runs below what its arrivals need while
+    its backlog is beyond its target (`late`), for `after_s` or more in a row, while another job holds more
+    than its own need (only the windows of such runs count). A job below its need within its target is not
+    starving: the planner lets a backlog grow toward the target where that costs less."""
     surplus = parallelism > needs
     others_surplus = surplus.sum(axis=1, keepdims=True) - surplus > 0
     starving = (parallelism < needs) & late & others_surplus
-    run_windows = math.ceil(STARVED_AFTER_S / WINDOW_S)
+    run_windows = math.ceil(after_s / window_s - 1e-9)
     total = 0
     for column in starving.T:
         length = 0
@@ -164,7 +165,7 @@ def starvation_s(parallelism: np.ndarray, needs: np.ndarray, late: np.ndarray) -
             else:
                 total += length if length >= run_windows else 0
                 length = 0
-    return WINDOW_S * total
+    return window_s * total
 
 
 def evaluate_fleet(case: FleetCase, settings: EvalSettings, seed: int, arms: tuple[str, ...] = ARMS
