@@ -171,5 +171,6 @@ class ScalingEvent(Contract):
     )
     numbers: dict[str, float | int | None] = Field(
         default_factory=dict, description="For `recovered` events: `observed_s`, `predicted_s`, `error_s`; for a "
-        "`partially_applied` failure: `running_parallelism`."
+        "`partially_applied` failure: `running_parallelism`; for `notice` events, the notice's (a `fleet_move`: "
+        "`move_at`, the window end that names the move on both jobs' events, and `slots`)."
     )

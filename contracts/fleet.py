@@ -57,26 +57,42 @@ class FleetBid(BaseModel):
         return self.costs[slots - self.minimum]
 
 
+class Move(BaseModel):
+    """Slots one job gave way with for another that waits for them: opened by the giver's grant (its
+    window end `at` names the move), closed by the receiver's grant of them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    giver: str
+    receiver: str
+    slots: int = Field(ge=1)
+    at: float
+
+
 class FleetState(BaseModel):
-    """A cluster's fleet as knowledge keeps it: every job's latest bid and the slots each holds or was
-    granted (reserved: never more, summed, than the budget)."""
+    """A cluster's fleet as knowledge keeps it: every job's latest bid, the slots each holds or was
+    granted (reserved: never more, summed, than the budget) and the moves open (slots given way for a
+    job that has not taken them yet)."""
 
     model_config = ConfigDict(extra="forbid")
 
     bids: dict[str, FleetBid] = Field(default_factory=dict)
     held: dict[str, int] = Field(default_factory=dict)
+    moves: list[Move] = Field(default_factory=list)
 
     def without(self, job_id: str) -> FleetState:
-        """The fleet with the job's bid and held slots dropped (the job was unregistered)."""
+        """The fleet with the job's bid, held slots and moves dropped (the job was unregistered)."""
         return FleetState(bids={j: b for j, b in self.bids.items() if j != job_id},
-                          held={j: h for j, h in self.held.items() if j != job_id})
+                          held={j: h for j, h in self.held.items() if j != job_id},
+                          moves=[m for m in self.moves if job_id not in (m.giver, m.receiver)])
 
 
 class FleetGrant(BaseModel):
     """What the fleet step granted one job: `granted` slots now (within what the others hold), its share
     `allocated` when the others have moved, the cluster's `budget`, the `price` of a slot where the budget
     binds (slot-seconds over the horizon the last slot given saves; None where the arrivals alone exceed
-    the budget and slots are shared by weight), and the jobs that gave way (granted less than they want)."""
+    the budget and slots are shared by weight), the jobs that gave way (granted less than they want), and
+    the moves it opened or closed."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -88,3 +104,6 @@ class FleetGrant(BaseModel):
     price: float | None = None
     gave_way: list[str] = Field(default_factory=list)
     short: list[str] = Field(default_factory=list)  # jobs granted less than their arrivals need
+    # A move, one coordinated action over two jobs' decisions: the moves this grant opened (the job gives
+    # way for others) or closed (the job takes the slots others gave way with).
+    moves: list[Move] = Field(default_factory=list)

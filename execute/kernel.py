@@ -187,7 +187,7 @@ def notice_event(decision: ScalingDecision, index: int, now: float) -> ScalingEv
         if recovered else decision.from_parallelism,
         to_parallelism=int(notice.numbers.get("to_parallelism") or decision.to_parallelism)
         if recovered else decision.to_parallelism,
-        detail=notice.message, numbers=notice.numbers if recovered else {},
+        detail=notice.message, numbers=notice.numbers,
     )
 
 

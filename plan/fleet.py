@@ -38,13 +38,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from contracts.analyses import Analysis
 from contracts.decisions import DecisionReason
-from contracts.fleet import FleetBid, FleetGrant, FleetState
+from contracts.fleet import FleetBid, FleetGrant, FleetState, Move
 from contracts.jobs import JobConfig
 from knowledge.fleet_rules import FleetStep
 from plan.cost_plan import EPSILON, PlanProblem
@@ -54,6 +54,7 @@ DEFAULT_HORIZON_S = 1800.0  # a job planned without a problem of its own: its cu
 DEFAULT_STEP_S = 60.0
 RULE = "fleet"
 CODE = "fleet_budget"  # a plan changed by the cluster's budget
+MOVE = "fleet_move"  # the notice of a move: slots one job gave way with, taken by another
 NAMED = 5  # jobs that gave way named in a reason
 NEED_STEPS = 5  # a job's need keeps its backlog within target over this many plan steps (5 min)
 
@@ -242,27 +243,63 @@ def grant(state: FleetState, bid: FleetBid, cluster: str, budget: int, commit: b
       job that took what is free now would restart again for the rest, and the wait runs it at what it holds;
     - a job allocated less than it holds and its plan gives way only while other jobs wait for more slots
       than are free; until then it keeps them (released, they would sit idle).
+    A job that gives way opens a move per job it gives the slots to (the most waiting first); the
+    receiver's grant of them closes it: one coordinated action over the two jobs' decisions, both of which
+    name it (`within_grant`). A receiver that no longer waits lets its open moves lapse.
     With `commit` (the job's decisions are carried out), what it holds becomes the larger of what it runs
-    and what it was granted; the state returned is the cluster's, to store. The slots a job ran before its
-    first bid are not known to the others' grants: a fleet starts from what each job runs
-    (`FleetState.held`), or from jobs that do not run yet."""
-    bids = {**state.bids, bid.job_id: bid}
+    and what it was granted, and moves open and close; the state returned is the cluster's, to store. The
+    slots a job ran before its first bid are not known to the others' grants: a fleet starts from what each
+    job runs (`FleetState.held`), or from jobs that do not run yet."""
+    job = bid.job_id
+    bids = {**state.bids, job: bid}
     allocation = allocate(bids, budget)
-    allocated = allocation.slots[bid.job_id]
-    now = {**state.held, bid.job_id: bid.holds}  # what every job holds as this one bids
+    allocated = allocation.slots[job]
+    now = {**state.held, job: bid.holds}  # what every job holds as this one bids
     free = budget - sum(now.values())
+    mine = [m for m in state.moves if m.receiver == job]
+    kept = [m for m in state.moves if m.receiver != job]
+    moves: list[Move] = []
     if allocated > bid.holds:
         granted = allocated if allocated - bid.holds <= free else bid.holds
+        moves = mine if granted > bid.holds else []  # taken: the moves close
+        kept += [] if granted > bid.holds else mine  # still waiting
     elif allocated >= min(bid.wants, bid.holds):
         granted = allocated  # the job's own plan (a hold, or a scale-down to what it wants)
     else:
-        waiting = sum(max(0, allocation.slots[job] - now.get(job, 0)) for job in bids if job != bid.job_id)
-        granted = allocated if waiting > free else min(bid.wants, bid.holds)
-    held = {**now, bid.job_id: max(bid.holds, granted)} if commit else state.held
-    return FleetState(bids=bids, held=held), FleetGrant(
+        waiting = {j: max(0, allocation.slots[j] - now.get(j, 0)) for j in bids if j != job}
+        granted = allocated if sum(waiting.values()) > free else min(bid.wants, bid.holds)
+        moves = _opened(job, bid.holds - granted, waiting, kept, bid.at)
+        kept += moves
+    if not commit:
+        return FleetState(bids=bids, held=state.held, moves=state.moves), FleetGrant(
+            cluster=cluster, budget=budget, granted=granted, allocated=allocated, binds=allocation.binds,
+            price=_price(allocation), gave_way=list(allocation.gave_way), short=list(allocation.short))
+    held = {**now, job: max(bid.holds, granted)}
+    return FleetState(bids=bids, held=held, moves=kept), FleetGrant(
         cluster=cluster, budget=budget, granted=granted, allocated=allocated, binds=allocation.binds,
-        price=None if allocation.price is None else round(allocation.price, 1), gave_way=list(allocation.gave_way),
-        short=list(allocation.short))
+        price=_price(allocation), gave_way=list(allocation.gave_way), short=list(allocation.short), moves=moves)
+
+
+def _price(allocation: Allocation) -> float | None:
+    return None if allocation.price is None else round(allocation.price, 1)
+
+
+def _opened(giver: str, released: int, waiting: Mapping[str, int], open_moves: list[Move], at: float) -> list[Move]:
+    """The moves a job giving way `released` slots opens: to the jobs waiting for the most slots not yet
+    given way for them first (then by name)."""
+    promised: dict[str, int] = {}
+    for m in open_moves:
+        promised[m.receiver] = promised.get(m.receiver, 0) + m.slots
+    short = sorted(((w - promised.get(j, 0), j) for j, w in waiting.items() if w > promised.get(j, 0)),
+                   key=lambda x: (-x[0], x[1]))
+    out = []
+    for lacking, receiver in short:
+        if released <= 0:
+            break
+        slots = min(lacking, released)
+        out.append(Move(giver=giver, receiver=receiver, slots=slots, at=at))
+        released -= slots
+    return out
 
 
 def join(job_id: str, holds: int, cluster: str) -> FleetStep:
@@ -277,7 +314,20 @@ def within_grant(plan: Plan, current: int, given: FleetGrant) -> Plan:
     """The plan within the slots granted: a job granted less than it holds gives way (scales down to its
     grant), a scale-up beyond the grant is trimmed to it, or held where nothing is free yet; the reason
     (`fleet_budget`) says so, with the budget, the price of a slot and who gave way. A plan within its
-    grant passes as it is."""
+    grant passes as it is. The moves the grant opened or closed come with it as a `fleet_move` notice
+    (both sides' decisions carry one, with the same `move_at`; execute publishes each as an event)."""
+    fitted = _fitted(plan, current, given)
+    if not given.moves:
+        return fitted
+    text = "; ".join(f"{m.giver} gives {m.slots} slot{'s' if m.slots > 1 else ''} to {m.receiver}"
+                     for m in given.moves)
+    notice = DecisionReason(code=MOVE, rule=RULE, message=f"a move on cluster {given.cluster!r}: {text}",
+                            numbers={"move_at": min(m.at for m in given.moves),
+                                     "slots": sum(m.slots for m in given.moves)})
+    return replace(fitted, notices=[*fitted.notices, notice])
+
+
+def _fitted(plan: Plan, current: int, given: FleetGrant) -> Plan:
     target = plan.to_parallelism
     if target <= given.granted and given.granted >= current:
         return plan

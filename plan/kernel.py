@@ -141,7 +141,8 @@ def finish(planned: Planned, analysis: Analysis, config: JobConfig, granted: int
                           rule=fleet.RULE, proposed=chosen)
         else:
             fitted = fleet.within_grant(chosen, current, given)
-            if fitted is not chosen and fitted.action is not Action.NONE:
+            changed = (fitted.action, fitted.to_parallelism) != (chosen.action, chosen.to_parallelism)
+            if changed and fitted.action is not Action.NONE:
                 state = state.updated(rescale_updates(current, fitted.to_parallelism, analysis.window_end,
                                                       None, config))
             chosen = fitted

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contracts.decisions import Action, DecisionReason
-from contracts.fleet import ClusterConfig, FleetBid, FleetGrant, FleetState
+from contracts.fleet import ClusterConfig, FleetBid, FleetGrant, FleetState, Move
 from contracts.jobs import ConfigError, JobConfig
 from contracts.settings import Settings
 from contracts.stage import Incoming
@@ -192,7 +192,7 @@ def test_clusters_are_checked_at_registration() -> None:
 def test_a_job_gives_way_only_while_another_waits_for_the_slots() -> None:
     def bid(job: str, holds: int, wants: int, need: int, savings: float) -> FleetBid:
         return FleetBid(job_id=job, holds=holds, wants=wants, need=need, minimum=1, weight=1.0,
-                        costs=[1000.0 - savings * k for k in range(wants)])
+                        costs=[1000.0 - savings * k for k in range(wants)], at=2.0)
 
     state = FleetState(held={"a": 6, "b": 4})
     # b wants 6 and saves more per slot than a: the allocation moves 2 of a's slots to b (budget 10).
@@ -200,6 +200,20 @@ def test_a_job_gives_way_only_while_another_waits_for_the_slots() -> None:
     assert (b_first.allocated, b_first.granted) == (6, 4)  # b waits: the slots are a's until a releases them
     state, a_turn = grant(state, bid("a", 6, 6, 4, 100.0), "c", 10, commit=True)
     assert (a_turn.allocated, a_turn.granted) == (4, 4)  # b waits for them: a gives way
+    # a's giving way opened a move of its 2 slots to b; b's grant of them, once a runs 4, closes it.
+    assert a_turn.moves == [Move(giver="a", receiver="b", slots=2, at=2.0)] and state.moves == a_turn.moves
+    state, still = grant(state, bid("b", 4, 6, 4, 500.0), "c", 10, commit=True)
+    assert still.granted == 4 and still.moves == [] and state.moves == a_turn.moves  # a has not released yet
+    state, _ = grant(state, bid("a", 4, 6, 4, 100.0), "c", 10, commit=True)
+    state, b_takes = grant(state, bid("b", 4, 6, 4, 500.0), "c", 10, commit=True)
+    assert b_takes.granted == 6 and b_takes.moves == a_turn.moves and state.moves == []
+    # Both sides' decisions carry the move as a notice with the same `move_at`.
+    gives = within_grant(hold(6, "planned_hold", "plan"), 6, a_turn)
+    takes = within_grant(Plan(Action.SCALE_UP, 6, reason(), recommended=6), 4, b_takes)
+    notes = [next(n for n in p.notices if n.code == "fleet_move") for p in (gives, takes)]
+    assert gives.to_parallelism == 4 and takes.to_parallelism == 6
+    assert notes[0].numbers == notes[1].numbers == {"move_at": 2.0, "slots": 2}
+    assert "a gives 2 slots to b" in notes[0].message == notes[1].message
     state = FleetState(held={"a": 6, "b": 4}, bids={"b": bid("b", 4, 4, 4, 500.0)})
     _, alone = grant(state, bid("a", 6, 7, 4, 100.0), "c", 10, commit=True)
     assert alone.granted == 6  # nobody waits: a keeps what it holds (released, the slots would sit idle)
