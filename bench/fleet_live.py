@@ -26,6 +26,7 @@ runs) and writes JSON after every run.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import tempfile
 import threading
@@ -37,12 +38,15 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from bench.common import RESULTS, table, write_result
+from contracts.decisions import EventType
 from contracts.fleet import ClusterConfig
 from evaluation.fleet import starvation_s
 from evaluation.live import live_measures
 from knowledge import RedisKnowledge
+from plan.fleet import MOVE
 from stack.cluster import StandaloneCluster, start_cluster
 from stack.live import LiveRun
 from stack.live_fleet import Member, run_fleet_live
@@ -55,11 +59,13 @@ COMPRESSION = 10.0
 JOB_TIMES = {"scale_down_delay_s": f"{300 / COMPRESSION:g}", "catch_up_duration_s": f"{300 / COMPRESSION:g}",
              "metrics_window_s": f"{2 * WINDOW_S:g}"}
 ARMS = ("fleet", "dynamic", "static")
+STALE_WINDOWS = 3  # a job's latest window counts for starvation this many windows long
 # Per job, (seconds at the base before its peak, seconds at the peak, seconds at the base after): the peaks
 # overlap pairwise for 80 s and all three for 20 s.
 LOADS = ((20, 140, 140), (80, 140, 80), (140, 140, 20))
 MEASURES = {"fleet_executor_seconds": ".0f", "worst_beyond_target_s": ".0f", "total_beyond_target_s": ".0f",
-            "starved_s": ".0f", "worst_lag_p95_s": ".1f", "actions": ".0f", "max_cores": ".0f"}
+            "starved_s": ".0f", "worst_lag_p95_s": ".1f", "actions": ".0f", "moves": ".0f", "move_s_median": ".0f",
+            "max_cores": ".0f"}
 app = typer.Typer(add_completion=False, help=__doc__)
 
 
@@ -86,30 +92,54 @@ class AppSampler(threading.Thread):
         return [(t, sum(cores.values())) for t, cores in self.samples]
 
 
-def held_at(samples: list[tuple[float, int]], at: float) -> int:
-    """The last sampled count at or before `at` (0 before the first)."""
-    before = [c for t, c in samples if t <= at]
+def held_at(samples: list[list[float]], at: float) -> int:
+    """The last sampled count at or before `at` (0 before the first); samples are (time, count)."""
+    before = [int(c) for t, c in samples if t <= at]
     return before[-1] if before else 0
 
 
-def starvation(runs: dict[str, LiveRun], sampler: AppSampler, began: float, end: float, slot_rate: float,
-               target_s: float, after_s: float) -> dict[str, float]:
-    """Per job, the seconds it starved (`evaluation.fleet.starvation_s`) on a grid of the agents' windows."""
-    grid = np.arange(began + WINDOW_S, end + 1e-9, WINDOW_S)
-    jobs = list(runs)
-    held = np.zeros((len(grid), len(jobs)), dtype=int)
+def starvation(jobs: dict[str, dict[str, Any]], span_s: float, slot_rate: float, target_s: float, after_s: float
+               ) -> dict[str, float]:
+    """Per job, the seconds it starved (`evaluation.fleet.starvation_s`) on a grid of WINDOW_S over the run's
+    span, from what a run keeps per job (`run_arm`): its sampled cores and the agents' windows (time from the
+    load's start, arrival rate, backlog). Each grid point takes the job's latest window if it is at most
+    STALE_WINDOWS old (a busy job's windows arrive late or are skipped), else counts the job as not starving."""
+    grid = np.arange(WINDOW_S, span_s + 1e-9, WINDOW_S)
+    names = list(jobs)
+    held = np.zeros((len(grid), len(names)), dtype=int)
     needs, late = np.zeros_like(held), np.zeros(held.shape, dtype=bool)
-    for j, job in enumerate(jobs):
-        cores = sampler.of(f"autoscaler-{job}")
+    for j, job in enumerate(names):
+        windows = sorted(jobs[job]["windows"])
         for i, t in enumerate(grid):
-            held[i, j] = held_at(cores, t)
-            inside = [a for a in runs[job].analyses if t - WINDOW_S < a.window_end <= t and a.arrival_rate is not None]
-            if inside:
-                a = inside[-1]
-                needs[i, j] = math.ceil((a.arrival_rate or 0.0) / slot_rate - 1e-9)
-                late[i, j] = (a.backlog or 0) > target_s * (a.arrival_rate or 0.0)
-    alone = np.eye(len(jobs), dtype=bool)  # job j's lateness only: its own starvation
-    return {job: starvation_s(held, needs, late & alone[j], WINDOW_S, after_s) for j, job in enumerate(jobs)}
+            held[i, j] = held_at(jobs[job]["cores"], t)
+            seen = [w for w in windows if t - STALE_WINDOWS * WINDOW_S < w[0] <= t]
+            if seen:
+                _, arrival, backlog = seen[-1]
+                needs[i, j] = math.ceil(arrival / slot_rate - 1e-9)
+                late[i, j] = backlog > target_s * arrival
+    alone = np.eye(len(names), dtype=bool)  # job j's lateness only: its own starvation
+    return {job: starvation_s(held, needs, late & alone[j], WINDOW_S, after_s) for j, job in enumerate(names)}
+
+
+def move_sides(run: LiveRun, began: float) -> list[tuple[float, float, int, float | None]]:
+    """A job's sides of fleet moves (`plan.fleet.MOVE` notices): (move_at, when its decision's notice was
+    published, from the load's start; +1 giving, -1 taking; when its rescale completed, None if it did not)."""
+    completed = {e.decision_id: e.timestamp for e in run.of(EventType.COMPLETED)}
+    return [(float(e.numbers.get("move_at") or 0.0), round(e.timestamp - began, 1),
+             1 if e.to_parallelism < e.from_parallelism else -1,
+             round(completed[e.decision_id] - began, 1) if e.decision_id in completed else None)
+            for e in run.of(EventType.NOTICE) if e.code == MOVE]
+
+
+def move_times(jobs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The moves of a run: how many opened, how many the receiver took, and the median and longest time
+    from the giver's decision to the receiver's executors running (its rescale completed)."""
+    sides = [side for j in jobs.values() for side in j.get("move_sides", [])]
+    opened = {at: t for at, t, role, _ in sides if role > 0}
+    taken = [done - opened[at] for at, _, role, done in sides if role < 0 and at in opened and done is not None]
+    return {"moves": len(opened), "moves_taken": len(taken),
+            "move_s_median": round(float(np.median(taken)), 1) if taken else None,
+            "move_s_max": round(max(taken), 1) if taken else None}
 
 
 def members(arm: str, run_id: str, cluster_url: str, cluster_name: str, budget: int, max_parallelism: int,
@@ -171,17 +201,21 @@ def run_arm(arm: str, cluster: StandaloneCluster, budget: int, ports: tuple[int,
     began = next(iter(runs.values())).started
     end = began + max(sum(load) for load in LOADS) + knobs["drain_s"]
     jobs: dict[str, dict[str, Any]] = {}
-    starved = starvation(runs, sampler, began, end, knobs["slot_rate"], knobs["backlog_target_s"],
-                         knobs["starved_after_s"])
     for m in fleet:
         measured = live_measures(runs[m.job], knobs["backlog_target_s"], initial_parallelism=m.parallelism)
         cores = sampler.of(f"autoscaler-{m.job}")
+        windows = [(round(a.window_end - began, 1), a.arrival_rate, a.backlog or 0) for a in runs[m.job].analyses
+                   if a.arrival_rate is not None and a.window_end >= began]
         jobs[m.job] = {"executor_seconds": round(executor_seconds(cores, began, end), 1),
                        "beyond_target_s": measured["beyond_target_s"], "lag_p95_s": round(measured["lag_p95_s"], 1),
                        "peak_backlog": measured["peak_backlog"], "actions": measured["actions"],
-                       "failed": measured["failed"], "starved_s": starved[m.job],
+                       "failed": measured["failed"],
                        "cores": [(round(t - began, 1), c) for t, c in cores if began - 60 <= t <= end],
-                       "load": runs[m.job].load_summary, "timeline": runs[m.job].timeline()}
+                       "windows": windows, "load": runs[m.job].load_summary, "timeline": runs[m.job].timeline()}
+        jobs[m.job]["move_sides"] = move_sides(runs[m.job], began)
+    starved = starvation(jobs, end - began, knobs["slot_rate"], knobs["backlog_target_s"], knobs["starved_after_s"])
+    for job, seconds in starved.items():
+        jobs[job]["starved_s"] = seconds
     total = sampler.total()
     return {"arm": arm, "jobs": jobs, "span_s": round(end - began, 1),
             "fleet_executor_seconds": round(sum(j["executor_seconds"] for j in jobs.values()), 1),
@@ -190,7 +224,34 @@ def run_arm(arm: str, cluster: StandaloneCluster, budget: int, ports: tuple[int,
             "starved_s": sum(j["starved_s"] for j in jobs.values()),
             "worst_lag_p95_s": max(j["lag_p95_s"] for j in jobs.values()),
             "actions": sum(j["actions"] for j in jobs.values()),
-            "max_cores": max((c for t, c in total if began <= t <= end), default=None)}
+            "max_cores": max((c for t, c in total if began <= t <= end), default=None),
+            **move_times(jobs)}
+
+
+def summary_table(rows: list[dict[str, Any]], arms: list[str], settings: dict[str, Any]) -> Table:
+    """Median [worst] of the runs per arm."""
+    result = table(f"three jobs, one cluster of {settings['budget']} cores (2 workers); loads {settings['base']:g} -> "
+                   f"{settings['peak']:g} rec/s, peaks overlapping; time constants compressed "
+                   f"{settings['compression']:g}x; median \\[worst] of the runs", "arm", "runs", "fleet executor-s",
+                   "worst job beyond target s", "all jobs beyond target s", "starved s", "worst job lag p95 s",
+                   "actions", "moves", "move s (median)", "most cores in use")
+    for arm in arms:
+        runs = [r for r in rows if r["arm"] == arm]
+        result.add_row(arm, str(len(runs)), *(median_worst((r[k] for r in runs), fmt) for k, fmt in MEASURES.items()))
+    return result
+
+
+def restarve(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of a written result with starvation counted again (`starvation`) from what each run kept."""
+    rows = result["rows"]
+    for row in rows:
+        starved = starvation(row["jobs"], row["span_s"], result["slot_rate"], result["backlog_target_s"],
+                             result["starved_after_s"])
+        for job, seconds in starved.items():
+            row["jobs"][job]["starved_s"] = seconds
+        row["starved_s"] = sum(starved.values())
+        row |= move_times(row["jobs"])
+    return rows
 
 
 @app.command()
@@ -198,9 +259,9 @@ def main(
     arms: Annotated[list[str] | None, typer.Option("--arm", help=f"Which ({', '.join(ARMS)}); default all.")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Rounds of every arm; each round starts one arm later.")] = 1,
     slots_per_worker: Annotated[int, typer.Option(min=1, help="Cores per worker (two workers: the budget).")] = 3,
-    max_parallelism: Annotated[int, typer.Option(help="Executors one job may hold at most.")] = 3,
+    max_parallelism: Annotated[int, typer.Option(help="Executors one job may hold at most.")] = 4,
     base: Annotated[float, typer.Option(help="Records/s per job off its peak (and during the warm-up).")] = 100.0,
-    peak: Annotated[float, typer.Option(help="Records/s per job at its peak.")] = 420.0,
+    peak: Annotated[float, typer.Option(help="Records/s per job at its peak.")] = 600.0,
     cost_ms: Annotated[float, typer.Option(help="Waiting per record (the job's cost_ms).")] = 4.0,
     slot_rate: Annotated[float, typer.Option(help="Records/s one executor carries at full use (what a job's "
                                                   "arrivals need, for starvation).")] = 210.0,
@@ -211,9 +272,16 @@ def main(
     watched_s: Annotated[float, typer.Option(help="The warm-up's last seconds, with the agents watching.")] = 20.0,
     drain_s: Annotated[float, typer.Option(help="Seconds after the loads (measured).")] = 20.0,
     out: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS / "fleet_live.json",
+    summarize: Annotated[Path | None, typer.Option(help="Only print the table of a JSON written before (its "
+                                                       "starvation counted again); runs nothing.")] = None,
 ) -> None:
     """Run each arm in turn on one cluster; print the table and write JSON."""
     console = Console(width=160)
+    if summarize is not None:
+        result = json.loads(summarize.read_text())
+        rows = restarve(result)
+        console.print(summary_table(rows, list(dict.fromkeys(r["arm"] for r in rows)), result))
+        return
     chosen = arms or list(ARMS)
     for arm in chosen:
         members(arm, "x", "spark://x:1", "x", 2 * slots_per_worker, max_parallelism, base, peak, 1.0)
@@ -245,14 +313,7 @@ def main(
         cluster.stop()
         broker.stop()
         redis.stop()
-    result = table(f"three jobs, one cluster of {budget} cores (2 workers); loads {base:g} -> {peak:g} rec/s, peaks "
-                   f"overlapping; time constants compressed {COMPRESSION:g}x; median \\[worst] of the runs",
-                   "arm", "runs", "fleet executor-s", "worst job beyond target s", "all jobs beyond target s",
-                   "starved s", "worst job lag p95 s", "actions", "most cores in use")
-    for arm in chosen:
-        runs = [r for r in rows if r["arm"] == arm]
-        result.add_row(arm, str(len(runs)), *(median_worst((r[k] for r in runs), fmt) for k, fmt in MEASURES.items()))
-    console.print(result)
+    console.print(summary_table(rows, chosen, settings))
 
 
 if __name__ == "__main__":
