@@ -261,8 +261,10 @@ def grant(state: FleetState, bid: FleetBid, cluster: str, budget: int, commit: b
     moves: list[Move] = []
     if allocated > bid.holds:
         granted = allocated if allocated - bid.holds <= free else bid.holds
-        moves = mine if granted > bid.holds else []  # taken: the moves close
-        kept += [] if granted > bid.holds else mine  # still waiting
+        if granted > bid.holds:
+            moves = mine  # taken: the moves close
+        else:
+            kept += mine  # still waiting
     elif allocated >= min(bid.wants, bid.holds):
         granted = allocated  # the job's own plan (a hold, or a scale-down to what it wants)
     else:
@@ -270,18 +272,13 @@ def grant(state: FleetState, bid: FleetBid, cluster: str, budget: int, commit: b
         granted = allocated if sum(waiting.values()) > free else min(bid.wants, bid.holds)
         moves = _opened(job, bid.holds - granted, waiting, kept, bid.at)
         kept += moves
-    if not commit:
-        return FleetState(bids=bids, held=state.held, moves=state.moves), FleetGrant(
-            cluster=cluster, budget=budget, granted=granted, allocated=allocated, binds=allocation.binds,
-            price=_price(allocation), gave_way=list(allocation.gave_way), short=list(allocation.short))
-    held = {**now, job: max(bid.holds, granted)}
-    return FleetState(bids=bids, held=held, moves=kept), FleetGrant(
+    given = FleetGrant(
         cluster=cluster, budget=budget, granted=granted, allocated=allocated, binds=allocation.binds,
-        price=_price(allocation), gave_way=list(allocation.gave_way), short=list(allocation.short), moves=moves)
-
-
-def _price(allocation: Allocation) -> float | None:
-    return None if allocation.price is None else round(allocation.price, 1)
+        price=None if allocation.price is None else round(allocation.price, 1), gave_way=list(allocation.gave_way),
+        short=list(allocation.short), moves=moves if commit else [])
+    if not commit:  # a recommendation: nothing is held, no move opens or closes
+        return FleetState(bids=bids, held=state.held, moves=state.moves), given
+    return FleetState(bids=bids, held={**now, job: max(bid.holds, granted)}, moves=kept), given
 
 
 def _opened(giver: str, released: int, waiting: Mapping[str, int], open_moves: list[Move], at: float) -> list[Move]:
