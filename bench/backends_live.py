@@ -45,20 +45,29 @@ app = typer.Typer(add_completion=False, help=__doc__)
 
 
 class CoreSampler(threading.Thread):
-    """Samples the cores the master has granted, every second, until stopped."""
+    """Samples, every second until stopped, the cores the master has granted: in all (`samples`) and per
+    application, by its name (`apps`), from one status read."""
 
     def __init__(self, cluster: StandaloneCluster) -> None:
         super().__init__(daemon=True)
         self.cluster = cluster
         self.samples: list[tuple[float, int]] = []
+        self.apps: list[tuple[float, dict[str, int]]] = []
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.is_set():
-            cores = self.cluster.cores_in_use()
-            if cores is not None:
-                self.samples.append((time.time(), cores))
+            status = self.cluster.status()
+            if "coresused" in status:
+                now = time.time()
+                self.samples.append((now, int(status["coresused"])))
+                self.apps.append((now, {str(a.get("name")): int(a.get("cores", 0))
+                                        for a in status.get("activeapps", [])}))
             self.done.wait(1.0)
+
+    def of(self, app_name: str) -> list[tuple[float, int]]:
+        """The cores granted to one application over time (0 while it did not run)."""
+        return [(t, cores.get(app_name, 0)) for t, cores in self.apps]
 
 
 def run_arm(arm: str, cluster: StandaloneCluster, broker_port: int, redis_port: int, shape: str, load_s: float,
@@ -130,7 +139,7 @@ def main(
         broker.stop()
         redis.stop()
     result = table(f"one load ({shape}), one cluster (1 worker, {max_parallelism} cores), from 1 executor; "
-                   f"median [worst] of {repeats} round(s)", "arm", "runs", "executor-s", "beyond target s",
+                   f"median \\[worst] of {repeats} round(s)", "arm", "runs", "executor-s", "beyond target s",
                    "peak backlog", "lag p95 s", "actions", "max executors")
     for arm, summary in summarize(rows).items():
         result.add_row(arm, summary["runs"], *(summary[key] for key in MEASURES))

@@ -25,12 +25,9 @@ runs) and writes JSON after every run.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import tempfile
-import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
@@ -40,12 +37,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from bench.backends_live import CoreSampler
 from bench.common import RESULTS, table, write_result
 from contracts.decisions import EventType
 from contracts.fleet import ClusterConfig
 from evaluation.fleet import starvation_s
 from evaluation.live import live_measures
-from knowledge import RedisKnowledge
 from plan.fleet import MOVE
 from stack.cluster import StandaloneCluster, start_cluster
 from stack.live import LiveRun
@@ -67,29 +64,6 @@ MEASURES = {"fleet_executor_seconds": ".0f", "worst_beyond_target_s": ".0f", "to
             "starved_s": ".0f", "worst_lag_p95_s": ".1f", "actions": ".0f", "moves": ".0f", "move_s_median": ".0f",
             "max_cores": ".0f"}
 app = typer.Typer(add_completion=False, help=__doc__)
-
-
-class AppSampler(threading.Thread):
-    """Samples, every second until stopped, the cores the master has granted to each application, by name."""
-
-    def __init__(self, cluster: StandaloneCluster) -> None:
-        super().__init__(daemon=True)
-        self.cluster = cluster
-        self.samples: list[tuple[float, dict[str, int]]] = []
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        while not self.done.is_set():
-            apps = self.cluster.status().get("activeapps")
-            if apps is not None:
-                self.samples.append((time.time(), {str(a.get("name")): int(a.get("cores", 0)) for a in apps}))
-            self.done.wait(1.0)
-
-    def of(self, app_name: str) -> list[tuple[float, int]]:
-        return [(t, cores.get(app_name, 0)) for t, cores in self.samples]
-
-    def total(self) -> list[tuple[float, int]]:
-        return [(t, sum(cores.values())) for t, cores in self.samples]
 
 
 def held_at(samples: list[list[float]], at: float) -> int:
@@ -166,17 +140,6 @@ def members(arm: str, run_id: str, cluster_url: str, cluster_name: str, budget: 
     return out
 
 
-def register_cluster(settings: Any, cluster: ClusterConfig) -> None:
-    async def register() -> None:
-        knowledge = RedisKnowledge(settings)
-        try:
-            await knowledge.register_cluster(cluster)
-        finally:
-            await knowledge.close()
-
-    asyncio.run(register())
-
-
 def run_arm(arm: str, cluster: StandaloneCluster, budget: int, ports: tuple[int, int], knobs: dict[str, Any],
             workdir: Path) -> dict[str, Any]:
     """One run of an arm: its measures per job and over the fleet (the module doc)."""
@@ -186,15 +149,14 @@ def run_arm(arm: str, cluster: StandaloneCluster, budget: int, ports: tuple[int,
     workers = len(cluster.workers)
     fleet = members(arm, run_id, cluster.url, name, budget, knobs["max_parallelism"], knobs["base"], knobs["peak"],
                     knobs["backlog_target_s"])
-    sampler = AppSampler(cluster)
+    sampler = CoreSampler(cluster)
     sampler.start()
     try:
         runs = run_fleet_live(
             settings, workdir, fleet, max_parallelism=knobs["max_parallelism"], cost_ms=knobs["cost_ms"],
             drain_s=knobs["drain_s"], warm_up_s=knobs["warm_up_s"], warm_up_rate=knobs["base"],
             watched_s=knobs["watched_s"],
-            before_register=lambda: register_cluster(settings, ClusterConfig(
-                name=name, workers=workers, slots_per_worker=budget // workers)))
+            cluster=ClusterConfig(name=name, workers=workers, slots_per_worker=budget // workers))
     finally:
         sampler.done.set()
         sampler.join(5)
@@ -216,7 +178,6 @@ def run_arm(arm: str, cluster: StandaloneCluster, budget: int, ports: tuple[int,
     starved = starvation(jobs, end - began, knobs["slot_rate"], knobs["backlog_target_s"], knobs["starved_after_s"])
     for job, seconds in starved.items():
         jobs[job]["starved_s"] = seconds
-    total = sampler.total()
     return {"arm": arm, "jobs": jobs, "span_s": round(end - began, 1),
             "fleet_executor_seconds": round(sum(j["executor_seconds"] for j in jobs.values()), 1),
             "worst_beyond_target_s": max(j["beyond_target_s"] for j in jobs.values()),
@@ -224,7 +185,7 @@ def run_arm(arm: str, cluster: StandaloneCluster, budget: int, ports: tuple[int,
             "starved_s": sum(j["starved_s"] for j in jobs.values()),
             "worst_lag_p95_s": max(j["lag_p95_s"] for j in jobs.values()),
             "actions": sum(j["actions"] for j in jobs.values()),
-            "max_cores": max((c for t, c in total if began <= t <= end), default=None),
+            "max_cores": max((c for t, c in sampler.samples if began <= t <= end), default=None),
             **move_times(jobs)}
 
 

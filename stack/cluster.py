@@ -52,12 +52,6 @@ class StandaloneCluster:
         workers = self.status().get("workers", [])
         return int(sum(w.get("cores", 0) for w in workers if w.get("state") == "ALIVE"))
 
-    def cores_in_use(self) -> int | None:
-        """Cores the master has granted to applications now (one-core executors: executors); None when
-        the master does not answer."""
-        status = self.status()
-        return int(status["coresused"]) if "coresused" in status else None
-
     def stop(self) -> None:
         for service in [*self.workers, self.master]:
             stop_pid(service.pid, process=service.process)

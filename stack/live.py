@@ -149,9 +149,7 @@ def run_live(
     if workload.entry_point != DEMO_ENTRY_POINT:
         runner_args = [*(runner_args or []), "--entry", workload.entry_point]
     if "--report-interval" not in (runner_args or []):
-        # Two reports per window, as a job in production gives its agents: a window with one report
-        # measures no backlog growth between reports.
-        runner_args = [*(runner_args or []), "--report-interval", f"{settings.loop_interval_s / 2:g}"]
+        runner_args = [*(runner_args or []), *report_interval(settings)]
     load_args = [*load_args, *workload.load_args()]
     ensure_topics(settings, extra=[input_topic, output_topic])
     config = {"max_parallelism": str(max_parallelism), **job_overrides}
@@ -185,12 +183,7 @@ def run_live(
             if now >= result.load_ended + drain_s + catch_up_s or (
                     now >= result.load_ended + drain_s and result.backlog_after(result.load_ended) == 0):
                 break
-        lines = (workdir / "load.log").read_text().strip().splitlines()
-        if lines:
-            try:
-                result.load_summary = json.loads(lines[-1])
-            except json.JSONDecodeError:
-                result.load_summary = {"tail": lines[-1]}
+        result.load_summary = load_summary(workdir / "load.log")
     finally:
         for process in (load, runner):
             if process is not None:
@@ -223,6 +216,29 @@ class Keeper:
             into.append(item)
 
 
+def report_interval(settings: Settings) -> list[str]:
+    """The job runner's `--report-interval` for two reports per window, as a job in production gives its
+    agents: a window with one report measures no backlog growth between reports."""
+    return ["--report-interval", f"{settings.loop_interval_s / 2:g}"]
+
+
+def warm_up_load(seconds: float, rate: float) -> list[str]:
+    """The load generator's arguments for a warm-up: a constant `rate` for `seconds`, its records' ids
+    from WARM_UP_FIRST_ID on."""
+    return ["--shape", f"constant:{rate:g}", "--duration", f"{seconds:g}", "--start-id", str(WARM_UP_FIRST_ID)]
+
+
+def load_summary(log_path: Path) -> dict[str, object]:
+    """The load generator's summary, the last line of its log (JSON; its text where it is not)."""
+    lines = log_path.read_text().strip().splitlines()
+    if not lines:
+        return {}
+    try:
+        return dict(json.loads(lines[-1]))
+    except json.JSONDecodeError:
+        return {"tail": lines[-1]}
+
+
 def warm_up(settings: Settings, topic: str, workdir: Path, seconds: float, rate: float, follow: Consumer,
             record_args: list[str] | None = None,
             watch: tuple[float, Callable[[], None], Keeper] | None = None) -> None:
@@ -230,9 +246,7 @@ def warm_up(settings: Settings, topic: str, workdir: Path, seconds: float, rate:
     meanwhile; `record_args` choose the records (the load generator's `--records`). `watch` = (seconds,
     register, keep): `register` is called that many seconds before the end (at the start if none), and
     from then on what the follower reads goes to `keep`."""
-    load = start_load(settings, topic, workdir / "warm-up.log",
-                      ["--shape", f"constant:{rate:g}", "--duration", f"{seconds:g}",
-                       "--start-id", str(WARM_UP_FIRST_ID), *(record_args or [])])
+    load = start_load(settings, topic, workdir / "warm-up.log", [*warm_up_load(seconds, rate), *(record_args or [])])
     began = time.time()
     register_at = began + seconds - (watch[0] if watch else 0.0)
     keep: Keeper | None = None

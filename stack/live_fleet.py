@@ -10,21 +10,27 @@ stopped at the end. Each job's published analyses, decisions and events are kept
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import Popen
 
 from confluent_kafka import Consumer
 
+from contracts.fleet import ClusterConfig
 from contracts.settings import Settings
 from infra.kafka import ensure_topics, group_consumer_config
-from stack.live import WARM_UP_FIRST_ID, Keeper, LiveRun
+from stack.live import Keeper, LiveRun, load_summary, report_interval, warm_up_load
 from stack.processes import stop_pid
-from stack.services import register_jobs, start_agents, start_job_runner, start_load, wait_until_running
+from stack.services import (
+    register_cluster,
+    register_jobs,
+    start_agents,
+    start_job_runner,
+    start_load,
+    wait_until_running,
+)
 
 
 @dataclass(frozen=True)
@@ -42,11 +48,11 @@ class Member:
 
 def run_fleet_live(settings: Settings, workdir: Path, members: list[Member], *, max_parallelism: int,
                    cost_ms: float = 4.0, drain_s: float = 20.0, warm_up_s: float = 45.0, warm_up_rate: float = 100.0,
-                   watched_s: float = 20.0, before_register: Callable[[], None] | None = None) -> dict[str, LiveRun]:
+                   watched_s: float = 20.0, cluster: ClusterConfig | None = None) -> dict[str, LiveRun]:
     """Run every member's job under its load until the last load ends plus `drain_s`; per job, what the
     agents published about it. Every job first runs `warm_up_s` at `warm_up_rate` records/s (the load's
     start-up is not the measure; `stack.live.run_live` says why) and is registered `watched_s` before the
-    warm-up ends (`before_register` runs first: a cluster's registration); then every load starts at once.
+    warm-up ends (with `cluster`, registered first: the cluster they share); then every load starts at once.
     The runs' `started` is that moment for all of them."""
     if not 0 <= watched_s <= warm_up_s:
         raise ValueError(f"watched_s must be within 0..warm_up_s ({warm_up_s:g}), not {watched_s:g}")
@@ -62,10 +68,9 @@ def run_fleet_live(settings: Settings, workdir: Path, members: list[Member], *, 
     try:
         for m in members:
             log = workdir / f"runner-{m.job}.log"
-            interval = f"{settings.loop_interval_s / 2:g}"  # two reports a window (`stack.live.run_live`)
             runner = start_job_runner(
                 settings, m.job, workdir / f"job-{m.job}", log, max_parallelism=max_parallelism,
-                parallelism=m.parallelism, args=[*m.runner_args, "--report-interval", interval],
+                parallelism=m.parallelism, args=[*m.runner_args, *report_interval(settings)],
                 options={"cost_ms": str(cost_ms), "input_topic": topics[m.job][0], "output_topic": topics[m.job][1]})
             processes.append(runner)
             wait_until_running(runner, log)
@@ -77,16 +82,15 @@ def run_fleet_live(settings: Settings, workdir: Path, members: list[Member], *, 
                 keeper(msg)
 
         warm = [start_load(settings, topics[m.job][0], workdir / f"warm-up-{m.job}.log",
-                           ["--shape", f"constant:{warm_up_rate:g}", "--duration", f"{warm_up_s:g}",
-                            "--start-id", str(WARM_UP_FIRST_ID)]) for m in members]
+                           warm_up_load(warm_up_s, warm_up_rate)) for m in members]
         processes += warm
         began, registered = time.time(), False
         while any(w.poll() is None for w in warm):
             if time.time() > began + warm_up_s + 120:
                 raise TimeoutError(f"the warm-up loads did not end within {warm_up_s + 120:.0f} s; see {workdir}")
             if not registered and time.time() >= began + warm_up_s - watched_s:
-                if before_register is not None:
-                    before_register()
+                if cluster is not None:
+                    register_cluster(settings, cluster)
                 for m in members:
                     register_jobs(settings, [m.job], max_parallelism=str(max_parallelism), **m.registration)
                 registered = True
@@ -107,12 +111,7 @@ def run_fleet_live(settings: Settings, workdir: Path, members: list[Member], *, 
             if all(e is not None for e in ended) and now >= max(e for e in ended if e is not None) + drain_s:
                 break
         for job in loads:
-            lines = (workdir / f"load-{job}.log").read_text().strip().splitlines()
-            if lines:
-                try:
-                    runs[job].load_summary = json.loads(lines[-1])
-                except json.JSONDecodeError:
-                    runs[job].load_summary = {"tail": lines[-1]}
+            runs[job].load_summary = load_summary(workdir / f"load-{job}.log")
     finally:
         for process in reversed(processes):
             stop_pid(process.pid, timeout=60, process=process)

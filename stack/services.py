@@ -22,6 +22,7 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
+from contracts.fleet import ClusterConfig
 from contracts.settings import Settings, Topics, settings_env
 from infra.security import redact
 from infra.webauth import bearer_headers
@@ -42,6 +43,19 @@ def register_jobs(settings: Settings, jobs: list[str], forget: bool = False, **o
                 if forget:
                     await knowledge.unregister_job(job)
                 await knowledge.register_job(job, overrides)
+        finally:
+            await knowledge.close()
+
+    asyncio.run(register())
+
+
+def register_cluster(settings: Settings, cluster: ClusterConfig) -> None:
+    """Register (or resize) `cluster` in the settings' knowledge base, as `autoscaler cluster add` does."""
+
+    async def register() -> None:
+        knowledge = RedisKnowledge(settings)
+        try:
+            await knowledge.register_cluster(cluster)
         finally:
             await knowledge.close()
 
