@@ -57,31 +57,34 @@ class AnalyzeAgent:
             await self.publish("dead_letter", "", letter.to_bytes())
             return
         job = window.job_id
-        if await knowledge.window_done(job, "analyze", window.window_end):
-            # A redelivery: publish again what was committed (plan drops it if it already has it).
-            committed = await knowledge.committed_message(job, "analyze", window.window_end)
-            if committed is not None:
-                await self.publish("analyses", job, committed.encode())
-            log.info("window %s of %s already analyzed; dropped the duplicate", window.window_end, job)
-            return
-        config = await knowledge.job_config(job)
-        fallback = await knowledge.last_valid_analysis(job) if kernel.needs_fallback(window) else None
-        learned = kernel.load_learned(await knowledge.learned(job), config)
-        forecast = None
-        # Plan's record of whether the job's policy plans with a forecast (docs/architecture.md).
-        needs_forecast = (await knowledge.plan_state(job)).needs_forecast if window.source is not None else None
-        settings = kernel.forecast_settings(window, config, needs_forecast)
-        if settings is not None and window.source is not None:
-            # The forecast skips points it already has, so a redelivered window does not count twice.
-            forecast = forecast_view(await forecasting.step(job, window.source.arrival_rate, window.window_end,
-                                                            settings))
-        analyzed = kernel.analyze(window, config, learned, fallback, forecast)
-        analysis, recovery = analyzed.analysis, analyzed.analysis.recovery
-        message = analyzed.message()
-        committed_now = await knowledge.commit_window(job, kernel.STAGE, window.window_end, message,
-                                                      values=analyzed.values())
-        if not committed_now:
-            return  # another worker committed this window meanwhile and publishes it
+        async with forecasting.lock(job):  # from the reads to the commit (a refit installs under it too)
+            reads = await knowledge.analyze_reads(job, window.window_end, fallback=kernel.needs_fallback(window))
+            if reads.done:
+                # A redelivery: publish again what was committed (plan drops it if it already has it).
+                committed = await knowledge.committed_message(job, "analyze", window.window_end)
+                if committed is not None:
+                    await self.publish("analyses", job, committed.encode())
+                log.info("window %s of %s already analyzed; dropped the duplicate", window.window_end, job)
+                return
+            config = reads.config
+            learned = kernel.load_learned(reads.learned, config)
+            # Plan's record of whether the job's policy plans with a forecast (docs/architecture.md).
+            needs_forecast = reads.plan_state.needs_forecast if window.source is not None else None
+            settings = kernel.forecast_settings(window, config, needs_forecast)
+            forecast = stepped = stored = None
+            if settings is not None and window.source is not None:
+                # The forecast skips points it already has, so a redelivered window does not count twice.
+                stepped, stored = await forecasting.advance(job, reads.forecast, window.source.arrival_rate,
+                                                            window.window_end, settings)
+                forecast = forecast_view(stepped)
+            analyzed = kernel.analyze(window, config, learned, reads.fallback, forecast)
+            analysis, recovery = analyzed.analysis, analyzed.analysis.recovery
+            message = analyzed.message()
+            if not await knowledge.commit_window(job, kernel.STAGE, window.window_end, message,
+                                                 values=analyzed.values(), forecast=stored):
+                return  # another worker committed this window meanwhile and publishes it
+        if stepped is not None and settings is not None:
+            forecasting.started(job, stepped, settings)
         if recovery is not None:
             log.info("%s: recovered %.0f s after the rescale %d -> %d (%s)", job, recovery.observed_s,
                      recovery.from_parallelism, recovery.to_parallelism, recovery.judge)

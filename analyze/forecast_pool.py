@@ -19,7 +19,7 @@ from threadpoolctl import threadpool_limits
 
 from analyze.arima import ForecastConfig, fit_model
 from analyze.forecast import ForecastDecision, ForecastState, RetrainRequest, abandon_retrain, install_model, step
-from knowledge.protocols import AnalyzeKnowledge
+from knowledge.protocols import AnalyzeKnowledge, StoredForecast
 
 log = logging.getLogger("autoscaler.analyze")
 
@@ -56,21 +56,29 @@ class Forecasting:
                                              initializer=_lower_priority)
         return self._pool
 
-    async def _load(self, job_id: str) -> tuple[ForecastState, bytes | None]:
-        state_json, model = await self.knowledge.forecast(job_id)
+    def lock(self, job_id: str) -> asyncio.Lock:
+        """Held from a window's reads to its commit, and by a refit's install: one job's forecast is
+        changed by one of them at a time in this worker."""
+        return self._locks[job_id]
+
+    def _state(self, job_id: str, state_json: str | None) -> ForecastState:
         state = ForecastState.model_validate_json(state_json) if state_json else ForecastState()
         if state.retrain_outstanding and job_id not in self.refits:
             state = abandon_retrain(state)  # requested by a worker that is gone: ask again
-        return state, model
+        return state
 
-    async def step(self, job_id: str, arrival_rate: float, now: float, config: ForecastConfig) -> ForecastDecision:
-        async with self._locks[job_id]:
-            state, model = await self._load(job_id)
-            state, decision = await asyncio.to_thread(step, state, [arrival_rate], now, config, model)
-            await self.knowledge.save_forecast(job_id, state.model_dump_json(), decision.model)
+    async def advance(self, job_id: str, stored: StoredForecast, arrival_rate: float, now: float,
+                      config: ForecastConfig) -> tuple[ForecastDecision, StoredForecast]:
+        """The forecast step (in a thread) on the stored forecast, and what to store with the window's
+        commit; the caller holds `lock(job_id)` from its read to that commit, then calls `started`."""
+        state = self._state(job_id, stored.state_json)
+        state, decision = await asyncio.to_thread(step, state, [arrival_rate], now, config, stored.model)
+        return decision, StoredForecast(state.model_dump_json(), decision.model)
+
+    def started(self, job_id: str, decision: ForecastDecision, config: ForecastConfig) -> None:
+        """Start the refit a committed step asked for, in the process pool."""
         if decision.retrain is not None:
             self.refits[job_id] = asyncio.create_task(self._refit(job_id, decision.retrain, config))
-        return decision
 
     async def _refit(self, job_id: str, request: RetrainRequest, config: ForecastConfig) -> None:
         loop = asyncio.get_running_loop()
@@ -81,7 +89,8 @@ class Forecasting:
             model = None
         try:
             async with self._locks[job_id]:
-                state, current = await self._load(job_id)
+                state_json, current = await self.knowledge.forecast(job_id)
+                state = self._state(job_id, state_json)
                 state, installed = await asyncio.to_thread(install_model, state, model, request.request_id, config,
                                                            current)
                 await self.knowledge.save_forecast(job_id, state.model_dump_json(), installed)

@@ -81,6 +81,8 @@ class ExecuteAgent:
     async def execute(self, decision: ScalingDecision) -> None:
         """`apply` for a decision already read (the simulator's loop, `evaluation.loop`, calls it)."""
         job, timeout = decision.job_id, self.settings.rescale_timeout_s
+        if not kernel.needs_reads(decision):
+            return  # a hold: nothing to do, nothing to read
         done = await self.knowledge.decision_done(job, decision.decision_id)
         holder = None if done else await self.knowledge.lock_holder(job)
         step = kernel.on_decision(decision, done=done, holder=holder, ttl_s=timeout, now=time.time())

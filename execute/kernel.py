@@ -151,6 +151,13 @@ class DecisionStep(Step):
 # ---------------------------------------------------------------- steps
 
 
+def needs_reads(decision: ScalingDecision) -> bool:
+    """Whether `on_decision` depends on what it is given (`done`, the lock's holder): a decision with no
+    notice and no rescale to carry out does nothing either way, so the shell reads nothing for it (most
+    windows of most jobs are such holds)."""
+    return bool(decision.notices) or (decision.action is not Action.NONE and decision.mode is Mode.AUTO)
+
+
 def on_decision(decision: ScalingDecision, *, done: bool, holder: LockHolder | None, ttl_s: float,
                 now: float) -> DecisionStep:
     """A decision from plan, given whether it was executed already (`done`) and who holds the job's lock.

@@ -23,7 +23,16 @@ from contracts.settings import Settings
 from contracts.window_state import WindowState
 from knowledge import stored_forms
 from knowledge.fleet_rules import FleetStep, check_fleet
-from knowledge.protocols import DECISION_MARKER_TTL_S, HISTORY, REPUBLISH_SCAN, WATERMARKS, Stage
+from knowledge.protocols import (
+    DECISION_MARKER_TTL_S,
+    HISTORY,
+    REPUBLISH_SCAN,
+    WATERMARKS,
+    AnalyzeReads,
+    PlanReads,
+    Stage,
+    StoredForecast,
+)
 from knowledge.redis_execution import inflight_fields, load_inflight
 
 T = TypeVar("T")
@@ -50,7 +59,7 @@ class MemoryKnowledge:
         self._state: defaultdict[str, dict[str, str]] = defaultdict(dict)  # plan-state fields and watermarks
         self._lists: defaultdict[tuple[str, str], list[str]] = defaultdict(list)  # newest first
         self._values: dict[tuple[str, str], str] = {}
-        self._forecasts: dict[str, tuple[str, bytes | None]] = {}
+        self._forecasts: dict[str, tuple[str | None, bytes | None]] = {}
         self._markers: dict[tuple[str, str], float] = {}  # expiry
         self._fences: defaultdict[str, int] = defaultdict(int)
         self._locks: dict[str, tuple[str, float]] = {}  # "token:decision", expiry
@@ -179,9 +188,12 @@ class MemoryKnowledge:
         state_fields: dict[str, str] | None = None,
         history: dict[str, str] | None = None,
         values: dict[str, str] | None = None,
+        forecast: StoredForecast | None = None,
     ) -> bool:
         if await self.window_done(job_id, stage, window_end):
             return False
+        if forecast is not None:
+            self._forecasts[job_id] = (forecast.state_json, forecast.model)
         state = self._state[job_id]
         state[WATERMARKS[stage]] = json.dumps(window_end)
         if state_fields:
@@ -191,6 +203,18 @@ class MemoryKnowledge:
         for name, item in (values or {}).items():
             self._values[(job_id, name)] = item
         return True
+
+    async def analyze_reads(self, job_id: str, window_end: float, fallback: bool) -> AnalyzeReads:
+        return AnalyzeReads(
+            done=await self.window_done(job_id, "analyze", window_end), config=await self.job_config(job_id),
+            learned=await self.learned(job_id), plan_state=await self.plan_state(job_id),
+            forecast=StoredForecast(*await self.forecast(job_id)),
+            fallback=await self.last_valid_analysis(job_id) if fallback else None,
+        )
+
+    async def plan_reads(self, job_id: str, window_end: float) -> PlanReads:
+        return PlanReads(done=await self.window_done(job_id, "plan", window_end), config=await self.job_config(job_id),
+                         state=await self.plan_state(job_id), lock_holder=await self.lock_holder(job_id))
 
     # ---------------------------------------------------------------- plan state
 

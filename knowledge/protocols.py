@@ -8,6 +8,7 @@ tests/knowledge_contract.py run against both.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from contracts.execution import InFlight, LockHolder
@@ -93,6 +94,50 @@ class AnalysisModels(Protocol):
     async def save_forecast(self, job_id: str, state_json: str, model: bytes | None) -> None: ...
 
 
+@dataclass(frozen=True)
+class StoredForecast:
+    """A job's forecast as analyze keeps it: the state (JSON) and the model's bytes (None: no model)."""
+
+    state_json: str | None = None
+    model: bytes | None = None
+
+
+@dataclass(frozen=True)
+class AnalyzeReads:
+    """Everything analyze reads for one window, read at once (`WindowReads.analyze_reads`)."""
+
+    done: bool  # the window (or a later one) was committed already
+    config: JobConfig
+    learned: dict[str, Any] | None
+    plan_state: PlanState
+    forecast: StoredForecast
+    fallback: dict[str, Any] | None  # the last valid analysis, when asked for
+
+
+@dataclass(frozen=True)
+class PlanReads:
+    """Everything plan reads for one window, read at once (`WindowReads.plan_reads`)."""
+
+    done: bool
+    config: JobConfig
+    state: PlanState
+    lock_holder: LockHolder | None
+
+
+class WindowReads(Protocol):
+    """What analyze and plan read for a window, each in one round trip: a stage that reads its inputs
+    one by one pays a round trip each, and at thousands of jobs those waits are the agents' load."""
+
+    async def analyze_reads(self, job_id: str, window_end: float, fallback: bool) -> AnalyzeReads:
+        """Whether analyze committed this window, the job's configuration, learned state, plan state
+        and forecast, and (`fallback`) its last valid analysis, as the single reads return them."""
+        ...
+
+    async def plan_reads(self, job_id: str, window_end: float) -> PlanReads:
+        """Whether plan committed this window, the job's configuration, plan state and execute's lock."""
+        ...
+
+
 class WindowCommits(Protocol):
     """Analyze and plan commit everything a window taught them, with the message they publish, at once."""
 
@@ -113,10 +158,12 @@ class WindowCommits(Protocol):
         state_fields: dict[str, str] | None = None,
         history: dict[str, str] | None = None,
         values: dict[str, str] | None = None,
+        forecast: StoredForecast | None = None,
     ) -> bool:
         """Commit the window's message (into the stage's history), plan-state fields (JSON values,
-        only those that changed), other histories and values, atomically. False when the window
-        was already committed: a redelivery, or another worker got there first."""
+        only those that changed), other histories and values, and the job's forecast (analyze: as
+        `save_forecast` stores it), atomically, in one round trip. False when the window was already
+        committed: a redelivery, or another worker got there first."""
         ...
 
 
@@ -240,39 +287,26 @@ class MonitorKnowledge(OpenWindows, Counters, Protocol):
     async def orphaned_jobs(self) -> dict[str, str]: ...
 
 
-class AnalyzeKnowledge(WindowCommits, Protocol):
-    """What analyze asks of the knowledge base: its window commits, the job's configuration, its last
-    valid analysis, the learned state and the forecast, and one read of plan's state (`needs_forecast`:
-    whether the job's policy plans with a forecast; see docs/architecture.md)."""
-
-    async def job_config(self, job_id: str) -> JobConfig: ...
-
-    async def last_valid_analysis(self, job_id: str, scan: int = 60) -> dict[str, Any] | None: ...
-
-    async def learned(self, job_id: str) -> dict[str, Any] | None: ...
+class AnalyzeKnowledge(WindowReads, WindowCommits, Protocol):
+    """What analyze asks of the knowledge base: its window's reads at once (among them one read of plan's
+    state, `needs_forecast`: whether the job's policy plans with a forecast; see docs/architecture.md),
+    its window commits with the forecast, and the forecast alone for a refit that lands between windows."""
 
     async def forecast(self, job_id: str) -> tuple[str | None, bytes | None]: ...
 
     async def save_forecast(self, job_id: str, state_json: str, model: bytes | None) -> None: ...
 
-    async def plan_state(self, job_id: str) -> PlanState: ...
 
-
-class PlanKnowledge(WindowCommits, SlotQuota, Protocol):
-    """What plan asks of the knowledge base: its window commits (with the plan state's fields), the
-    job's configuration and plan state, the slot quota, and one read of execute's state (whether it
-    holds the job's rescale lock; see docs/architecture.md)."""
-
-    async def job_config(self, job_id: str) -> JobConfig: ...
-
-    async def plan_state(self, job_id: str) -> PlanState: ...
-
-    async def lock_holder(self, job_id: str) -> LockHolder | None: ...
+class PlanKnowledge(WindowReads, WindowCommits, SlotQuota, Protocol):
+    """What plan asks of the knowledge base: its window's reads at once (the job's configuration and plan
+    state, and one read of execute's state: whether it holds the job's rescale lock; see
+    docs/architecture.md), its window commits with the plan state's fields, the slot quota and the
+    cluster's fleet step."""
 
     async def update_fleet(self, name: str, step: FleetStep) -> FleetGrant | None: ...
 
 
-class Knowledge(JobRegistry, OpenWindows, AnalysisModels, WindowCommits, PlanStates, Decisions, Fencing,
+class Knowledge(JobRegistry, OpenWindows, AnalysisModels, WindowReads, WindowCommits, PlanStates, Decisions, Fencing,
                 SlotQuota, Fleets, Counters, Protocol):
     """All of it, as a stage's agent and the command line use it."""
 

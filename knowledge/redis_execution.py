@@ -44,6 +44,14 @@ def inflight_fields(rescale: InFlight) -> dict[str, str]:
     return {"decision": json.dumps(decision), "token": str(rescale.token), "deadline": repr(rescale.deadline)}
 
 
+def parse_lock(value: str | None) -> LockHolder | None:
+    """The lock's holder from its stored value (`<token>:<decision id>`); None when it is free."""
+    if not value:
+        return None
+    token, _, decision_id = value.partition(":")
+    return LockHolder(int(token), decision_id)
+
+
 def load_inflight(fields: Mapping[str, str], indexed_deadline: float | None) -> InFlight | None:
     """A rescale in flight from its stored fields (None when there are none), in either stored form.
 
@@ -93,11 +101,7 @@ class RedisExecution(RedisBase):
         return None
 
     async def lock_holder(self, job_id: str) -> LockHolder | None:
-        value = await self.redis.get(self._key(job_id, "lock"))
-        if not value:
-            return None
-        token, _, decision_id = value.partition(":")
-        return LockHolder(int(token), decision_id)
+        return parse_lock(await self.redis.get(self._key(job_id, "lock")))
 
     async def release_lock(self, job_id: str, token: int, decision_id: str) -> bool:
         return bool(await self._release_lock(keys=[self._key(job_id, "lock")], args=[f"{token}:{decision_id}"]))

@@ -1,4 +1,4 @@
-"""The Redis knowledge base, part one: jobs, open windows, analyze's models, window commits, plan state."""
+"""The Redis knowledge base, part one: jobs, open windows, analyze's models, plan state."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from contracts.jobs import CONFIG_VERSION, CONFIG_VERSION_FIELD, JobConfig, stor
 from contracts.plan_state import PLAN_STATE_VERSION, Direction, PlanState
 from contracts.window_state import WindowState
 from knowledge import stored_forms
-from knowledge.protocols import HISTORY, REPUBLISH_SCAN, WATERMARKS, Stage
 from knowledge.redis_fleet import RedisFleet
 
 # The plan state's older form kept its measured downtimes in these lists, and analyze's last seen
@@ -125,55 +124,6 @@ class RedisJobs(RedisFleet):
             else:
                 pipe.set(self._key(job_id, "forecast-model"), model)
             await pipe.execute()
-
-    # ---------------------------------------------------------------- analyze and plan: one commit per window
-
-    async def window_done(self, job_id: str, stage: Stage, window_end: float) -> bool:
-        current = await self.redis.hget(self._key(job_id, "state"), WATERMARKS[stage])
-        return current is not None and float(current) >= window_end
-
-    async def committed_message(self, job_id: str, stage: Stage, window_end: float) -> str | None:
-        for item in await self.redis.lrange(self._key(job_id, HISTORY[stage]), 0, REPUBLISH_SCAN - 1):
-            if json.loads(item).get("window_end") == window_end:
-                return str(item)
-        return None
-
-    async def commit_window(
-        self,
-        job_id: str,
-        stage: Stage,
-        window_end: float,
-        message: str,
-        state_fields: dict[str, str] | None = None,
-        history: dict[str, str] | None = None,
-        values: dict[str, str] | None = None,
-    ) -> bool:
-        """See `knowledge.protocols.WindowCommits`. Committing before publishing, with the message
-        kept, means a crash in between republishes the same message (same decision id) instead of
-        losing it or deciding twice; the watermark is watched, so two workers commit a window once."""
-        state_key = self._key(job_id, "state")
-        history = {**(history or {}), HISTORY[stage]: message}
-        async with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    await pipe.watch(state_key)
-                    current = await pipe.hget(state_key, WATERMARKS[stage])
-                    if current is not None and float(current) >= window_end:
-                        await pipe.unwatch()
-                        return False
-                    pipe.multi()
-                    pipe.hset(state_key, WATERMARKS[stage], window_end)
-                    if state_fields:
-                        pipe.hset(state_key, mapping={**state_fields, "version": str(PLAN_STATE_VERSION)})
-                    for name, item in history.items():
-                        pipe.lpush(self._key(job_id, name), item)
-                        pipe.ltrim(self._key(job_id, name), 0, self.settings.history_length - 1)
-                    for name, item in (values or {}).items():
-                        pipe.set(self._key(job_id, name), item)
-                    await pipe.execute()
-                    return True
-                except aioredis.WatchError:
-                    continue
 
     # ---------------------------------------------------------------- plan state
 

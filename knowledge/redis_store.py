@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from knowledge.redis_execution import RedisExecution
 from knowledge.redis_fleet import RedisFleet
-from knowledge.redis_jobs import RedisJobs
+from knowledge.redis_windows import RedisWindows
 
 
-class RedisKnowledge(RedisJobs, RedisExecution, RedisFleet):
+class RedisKnowledge(RedisWindows, RedisExecution, RedisFleet):
     """Every concern of `knowledge.protocols.Knowledge` on one Redis, under the key prefix `prefix`."""

@@ -51,17 +51,17 @@ class PlanAgent:
         knowledge = self.knowledge
         analysis = Analysis.model_validate_json(value)
         job = analysis.job_id
-        if await knowledge.window_done(job, "plan", analysis.window_end):
+        reads = await knowledge.plan_reads(job, analysis.window_end)
+        if reads.done:
             # A redelivered analysis: its decision was made; publish it again, same decision id, in
             # case the crash came between commit and publish (execute runs each id once).
             committed = await knowledge.committed_message(job, "plan", analysis.window_end)
             if committed is not None:
                 await self.publish("decisions", job, committed.encode())
             return
-        config = await knowledge.job_config(job)
-        before = await knowledge.plan_state(job)
+        config, before = reads.config, reads.state
         # Execute's lock: one rescale per job at a time (a declared cross-stage read).
-        rescaling = await knowledge.lock_holder(job) is not None
+        rescaling = reads.lock_holder is not None
         planned = kernel.plan(before, analysis, config, rescaling=rescaling, quota=self.settings.slot_quota)
         granted = given = None
         if planned.reserve is not None:

@@ -17,6 +17,7 @@ from contracts.messages import MetricReport
 from contracts.plan_state import STALE_WINDOW_BUDGET, Direction, PlanState
 from contracts.window_state import WindowState
 from knowledge import Knowledge
+from knowledge.protocols import StoredForecast
 from monitor.windows import add_report, already_applied
 
 Check = Callable[[Knowledge, str], Awaitable[None]]
@@ -86,6 +87,36 @@ async def a_window_commits_once_and_its_message_can_be_published_again(k: Knowle
     assert sum(won) == 1
     assert await k.committed_message(job, "plan", 1020.0) == rivals[won.index(True)]
     assert await k.committed_message(job, "analyze", 1020.0) is None
+
+
+@check
+async def a_windows_reads_come_at_once_as_the_single_reads_return_them(k: Knowledge, job: str) -> None:
+    await k.register_job(job, {"max_parallelism": "9"})
+    fresh = await k.plan_reads(job, 1010.0)
+    assert not fresh.done and fresh.lock_holder is None and fresh.config.max_parallelism == 9
+    assert fresh.state == await k.plan_state(job)
+    first = await k.analyze_reads(job, 1010.0, fallback=True)
+    assert not first.done and first.learned is None and first.fallback is None
+    assert first.forecast == StoredForecast(None, None) and first.config == await k.job_config(job)
+    valid = json.dumps({"window_end": 1010.0, "valid": True, "parallelism": 2})
+    assert await k.commit_window(job, "analyze", 1010.0, valid, values={"learned": json.dumps({"n": 1})},
+                                 forecast=StoredForecast('{"points": 1}', b"model\x00bytes"))
+    assert await k.commit_window(job, "analyze", 1020.0, json.dumps({"window_end": 1020.0, "valid": False}),
+                                 forecast=StoredForecast('{"points": 2}', None))
+    reads = await k.analyze_reads(job, 1020.0, fallback=True)
+    assert reads.done and not (await k.analyze_reads(job, 1030.0, fallback=False)).done
+    assert reads.learned == await k.learned(job) and reads.fallback == await k.last_valid_analysis(job)
+    assert reads.fallback is not None and reads.fallback["window_end"] == 1010.0
+    assert reads.forecast == StoredForecast(*await k.forecast(job)) == StoredForecast('{"points": 2}', None)
+    assert (await k.analyze_reads(job, 1030.0, fallback=False)).fallback is None  # not asked for
+    assert await k.commit_window(job, "plan", 1010.0, json.dumps({"window_end": 1010.0}),
+                                 state_fields=PlanState(quota_bound=True).changed_fields(PlanState()))
+    token = await k.acquire_lock(job, "d1", 30.0)
+    assert token is not None
+    reads_plan = await k.plan_reads(job, 1010.0)
+    assert reads_plan.done and not (await k.plan_reads(job, 1020.0)).done
+    assert reads_plan.state == await k.plan_state(job) and reads_plan.state.quota_bound is True
+    assert reads_plan.lock_holder == await k.lock_holder(job) and reads_plan.lock_holder is not None
 
 
 @check

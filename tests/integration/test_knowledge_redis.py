@@ -51,7 +51,9 @@ def test_a_plan_state_stored_the_old_way_is_read_and_migrated_once(settings: Set
                                            "utilization": 0.9}])}
             await knowledge.redis.hset(key, mapping=old)
             await knowledge.redis.lpush(knowledge._key(job, "downtimes:up"), 20.0, 25.0)
-            state = await knowledge.plan_state(job)
+            reads = await knowledge.plan_reads(job, 1010.0)  # a window's reads migrate it as plan_state does
+            state = reads.state
+            assert reads.done and not (await knowledge.analyze_reads(job, 1030.0, fallback=False)).done
             assert (state.expected_parallelism, state.stale_budget, state.quota_bound) == (4, 2, True)
             assert state.scale_up_check is not None and state.scale_up_check.from_parallelism == 2
             assert state.samples[0].arrival_rate == 350.0

@@ -28,6 +28,7 @@ from execute.kernel import (
     Step,
     TrackRescale,
     event_id,
+    needs_reads,
     on_decision,
     on_lock,
     on_overdue,
@@ -87,6 +88,20 @@ def test_a_decision_that_does_nothing_leaves_no_marker() -> None:
     assert on_decision(decision(Action.NONE), done=False, holder=None, ttl_s=TIMEOUT, now=NOW) == on_decision(
         decision(Action.SCALE_UP, mode="recommend"), done=False, holder=None, ttl_s=TIMEOUT, now=NOW)
     assert on_decision(decision(Action.NONE), done=False, holder=None, ttl_s=TIMEOUT, now=NOW).effects == ()
+
+
+@given(action=st.sampled_from(list(Action)), mode=st.sampled_from(["auto", "recommend"]),
+       notices=st.sampled_from([(), (QUOTA,), (RECOVERED, QUOTA)]), done=st.booleans(),
+       holder=st.sampled_from([None, LockHolder(3, "d1"), LockHolder(4, "other")]))
+def test_a_decision_that_needs_no_reads_does_the_same_whatever_they_would_say(
+    action: Action, mode: str, notices: tuple[DecisionReason, ...], done: bool, holder: LockHolder | None,
+) -> None:
+    d = decision(action, mode, notices)
+    step = on_decision(d, done=done, holder=holder, ttl_s=TIMEOUT, now=NOW)
+    if not needs_reads(d):  # the shell skips the reads and does nothing
+        assert step.effects == () and step.lock is None
+    else:
+        assert step.effects or step.lock is not None or done
 
 
 def test_a_recommended_rescale_takes_no_lock_but_its_notices_go_out() -> None:
