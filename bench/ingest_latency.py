@@ -33,7 +33,7 @@ from contracts.decisions import ScalingDecision
 from contracts.settings import Settings
 from infra.kafka import ensure_topics
 from knowledge import Knowledge, RedisKnowledge
-from monitor.windows import window_start_for
+from monitor.windows import phase_for, window_start_for
 from stack.processes import Service
 from stack.services import AgentWorker, register_jobs
 
@@ -117,6 +117,7 @@ class JobClock:
     job: str
     base: float
     loop_interval_s: float
+    phase_s: float = 0.0  # where the job's windows start (`monitor.windows.phase_for`)
     index: int = 0
 
     def timestamp(self, i: int) -> float:
@@ -124,12 +125,12 @@ class JobClock:
 
     def until_closer(self) -> tuple[list[float], float, float]:
         """(filler timestamps, the closer's timestamp, end of the window the closer closes)."""
-        current = window_start_for(self.timestamp(self.index + 1), self.loop_interval_s)
+        current = window_start_for(self.timestamp(self.index + 1), self.loop_interval_s, self.phase_s)
         fillers = []
         while True:
             self.index += 1
             ts = self.timestamp(self.index)
-            if window_start_for(ts, self.loop_interval_s) > current:
+            if window_start_for(ts, self.loop_interval_s, self.phase_s) > current:
                 return fillers, ts, current + self.loop_interval_s
             fillers.append(ts)
 
@@ -173,7 +174,8 @@ def measure_latency(
     rounds = math.ceil(samples / jobs)
     reports_per_window = math.ceil(loop_interval_s / REPORT_INTERVAL_S)
     base = aligned_base((rounds + WARMUP_ROUNDS + 1) * reports_per_window * REPORT_INTERVAL_S, loop_interval_s)
-    clocks = [JobClock(job, base, loop_interval_s) for job in job_ids]
+    clocks = [JobClock(job, base, loop_interval_s, phase_for(job, loop_interval_s, settings.window_spread))
+              for job in job_ids]
     ensure_topics(settings)
     register_jobs(settings, job_ids, mode="recommend")
     knowledge = RedisKnowledge(settings)

@@ -58,6 +58,10 @@ class Settings(BaseSettings):
 
     app_id: str = Field("autoscaler", description="Faust application id: the consumer-group prefix.")
     loop_interval_s: float = Field(10.0, gt=0, description="Window length in metric time.")
+    window_spread: bool = Field(
+        True, description="Each job's windows start at a phase of its own within the interval (from its id), so the "
+        "windows of thousands of jobs do not all close in the same second; off: every window starts on a "
+        "multiple of the interval.")
     max_message_bytes: int = Field(64 * 1024, ge=1024, description="Larger metric reports are dead-lettered.")
     max_clock_skew_s: float = Field(
         300.0, ge=0, description="Reports stamped further in the future than this are dead-lettered."
@@ -241,6 +245,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "AUTOSCALER_WEB_PORT": str(settings.web_port),
         "AUTOSCALER_WEB_HOST": settings.web_host,
         "AUTOSCALER_LOOP_INTERVAL_S": str(settings.loop_interval_s),
+        "AUTOSCALER_WINDOW_SPREAD": str(settings.window_spread).lower(),
         "AUTOSCALER_LOG_LEVEL": "info",
     }
     for name, topic in settings.topics.model_dump().items():

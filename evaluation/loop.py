@@ -4,7 +4,9 @@ The agents are shells around pure kernels (`monitor.kernel`, `analyze.kernel`, `
 `execute.kernel`); this is the simulator's shell around the same kernels, for one job:
 
 - monitor: `fold` takes the job's metric reports into its open window; `close` closes it at the
-  window's end (a live monitor closes it on the next window's first report: the same window, later);
+  window's end (a live monitor closes it on the next window's first report: the same window, later).
+  A simulated job's windows start on multiples of the interval, on the trace's clock; `Loops`, fed the
+  agents' records, spreads them as the monitor does (`window_spread`);
 - analyze: `analyze` runs the kernel on the closed window with the learned state kept here and the
   forecast `forecaster` makes (None: no forecast), for a job whose policy plans with one;
 - plan: `decide` runs the planner step and the decision on the plan state, which lives in an
@@ -209,7 +211,8 @@ class Loops:
         unknown = parsed.job_ids() - set(self.jobs)
         windows = {job: loop.open for job, loop in self.jobs.items() if loop.open is not None}
         orphaned = run_now(self.knowledge.orphaned_jobs())
-        folded = monitor_kernel.fold(windows, parsed, unknown, settings.loop_interval_s, topic, orphaned)
+        folded = monitor_kernel.fold(windows, parsed, unknown, settings.loop_interval_s, topic, orphaned,
+                                     spread=settings.window_spread)
         for job, state in folded.changed.items():
             self.jobs[job].open = state
         self.dead_letters += folded.rejected

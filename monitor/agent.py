@@ -76,7 +76,8 @@ class MonitorAgent:
         parsed = kernel.parse(records, topic, settings.max_message_bytes, time.time(), settings.max_clock_skew_s)
         unknown = await registry.unknown(parsed.job_ids())
         windows.update(await knowledge.load_windows(kernel.missing_windows(parsed, windows, unknown)))
-        folded = kernel.fold(windows, parsed, unknown, settings.loop_interval_s, topic, registry.orphaned)
+        folded = kernel.fold(windows, parsed, unknown, settings.loop_interval_s, topic, registry.orphaned,
+                             spread=settings.window_spread)
         windows.update(folded.changed)
 
         await publish_per_key(self.publish, "windows", [(w.job_id, w.to_bytes()) for w in folded.closed])

@@ -30,7 +30,7 @@ from contracts.dead_letters import DeadLetter, Rejection, dead_letter
 from contracts.messages import MetricReport, MetricWindow
 from contracts.stage import Incoming
 from monitor.validation import parse_report
-from monitor.windows import RefusedReport, WindowState, add_report, already_applied, close_window
+from monitor.windows import RefusedReport, WindowState, add_report, already_applied, close_window, phase_for
 
 STAGE = "monitor"
 
@@ -89,11 +89,13 @@ def fold(
     interval_s: float,
     topic: str,
     orphaned: Mapping[str, str] | None = None,
+    spread: bool = False,
 ) -> Folded:
     """Step 2: fold the accepted reports into `windows` (every registered job's open window, or none
     yet); `unknown` are the reporting jobs that are not registered, `orphaned` the registered jobs whose
     cluster was removed (job -> cluster): the reports of both are dead-lettered with the reason. `windows`
-    is not changed: the jobs whose windows changed are in the result's `changed`."""
+    is not changed: the jobs whose windows changed are in the result's `changed`. With `spread`, each job's
+    windows start at its own phase (`monitor.windows.window_phase`), else on multiples of the interval."""
     out = Folded(rejected=list(parsed.rejected))
     current = dict(windows)
     redelivered = 0
@@ -114,7 +116,8 @@ def fold(
             redelivered += 1  # after a restart or rebalance: already in the window, counted once
             continue
         try:
-            state, window = add_report(state, report, interval_s, record.partition, record.offset)
+            state, window = add_report(state, report, interval_s, record.partition, record.offset,
+                                       phase_for(job, interval_s, spread))
         except RefusedReport as exc:  # late_report, duplicate_report
             out.rejected.append(rejected_record(topic, record, Rejection(exc.reason, str(exc))))
             continue

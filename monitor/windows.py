@@ -20,6 +20,7 @@ are those of the latest report that carried state or a lag.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Iterable, Mapping
 
 from contracts.messages import MetricReport, MetricWindow, OperatorWindow, SourceWindow, StateWindow, WorkerWindow
@@ -34,7 +35,7 @@ from contracts.window_state import (
 )
 
 __all__ = ["MAX_SEEN_PER_WINDOW", "DuplicateReport", "LateReport", "RefusedReport", "WindowState", "add_report",
-           "already_applied", "close_window", "new_window", "window_start_for"]
+           "already_applied", "close_window", "new_window", "phase_for", "window_phase", "window_start_for"]
 
 
 # Keys (worker, timestamp) remembered per window for duplicate detection. A window's state is read
@@ -61,8 +62,22 @@ class DuplicateReport(RefusedReport):
     reason = "duplicate_report"
 
 
-def window_start_for(timestamp: float, interval_s: float) -> float:
-    return math.floor(timestamp / interval_s) * interval_s
+def window_start_for(timestamp: float, interval_s: float, phase_s: float = 0.0) -> float:
+    """The start of the window `timestamp` falls in: windows are `interval_s` long and start at
+    `phase_s` plus a multiple of the interval."""
+    return math.floor((timestamp - phase_s) / interval_s) * interval_s + phase_s
+
+
+def phase_for(job_id: str, interval_s: float, spread: bool) -> float:
+    """The job's phase where windows are spread (the setting `window_spread`), else 0."""
+    return window_phase(job_id, interval_s) if spread else 0.0
+
+
+def window_phase(job_id: str, interval_s: float) -> float:
+    """Where in the interval a job's windows start, spread evenly over jobs by a hash of the id (stable
+    across processes and restarts): with thousands of jobs reporting in step, their windows close
+    spread over the interval, not all in one second, so the stages carry an even load."""
+    return zlib.crc32(job_id.encode()) % 1000 / 1000 * interval_s
 
 
 def new_window(start: float) -> WindowState:
@@ -93,11 +108,18 @@ def add_report(
     interval_s: float,
     partition: int | None = None,
     offset: int | None = None,
+    phase_s: float = 0.0,
 ) -> tuple[WindowState, MetricWindow | None]:
     """Fold one report into the job's open window; returns (new state, the window it closed, if any).
 
+    Windows start at `phase_s` plus a multiple of the interval. The open window keeps the span it opened
+    with: a report within it belongs to it even where the phase has changed since (a window opened by a
+    monitor before `window_spread`); the next window starts on the current phase.
+
     Pure: `state` is left as it was, so a caller may keep it (e.g. to retry from it)."""
-    start = window_start_for(report.timestamp, interval_s)
+    start = window_start_for(report.timestamp, interval_s, phase_s)
+    if state is not None and state.start <= report.timestamp < state.start + interval_s:
+        start = state.start
     closed: MetricWindow | None = None
     key = _seen_key(report)
     if state is None:

@@ -18,6 +18,7 @@ from contracts.messages import MetricReport, SourceMetrics
 from contracts.settings import Settings
 from infra.kafka import ensure_topics, kafka_client_config
 from knowledge import RedisKnowledge
+from monitor.windows import phase_for, window_start_for
 from stack.services import isolated_settings
 
 # Tuned so that every window yields a decision and an overloaded job asks for more slots at once.
@@ -103,11 +104,12 @@ class ReportStream:
         self._stop.set()
         self._thread.join(timeout=150)
 
-    def closed_windows(self, job: str, interval_s: float) -> list[float]:
+    def closed_windows(self, job: str, settings: Settings) -> list[float]:
         """Ends of the windows the monitor must have closed: every window before the last report's."""
-        stamps = self.sent[job]
-        first = math.floor(stamps[0] / interval_s) * interval_s
-        last_open = math.floor(stamps[-1] / interval_s) * interval_s
+        stamps, interval_s = self.sent[job], settings.loop_interval_s
+        phase = phase_for(job, interval_s, settings.window_spread)
+        first = window_start_for(stamps[0], interval_s, phase)
+        last_open = window_start_for(stamps[-1], interval_s, phase)
         return [first + interval_s * (i + 1) for i in range(round((last_open - first) / interval_s))]
 
 
@@ -173,7 +175,7 @@ class Ledger:
             collector.close()
 
 
-def missing_decisions(ledger: Ledger, stream: ReportStream, interval_s: float) -> dict[str, list[float]]:
+def missing_decisions(ledger: Ledger, stream: ReportStream, settings: Settings) -> dict[str, list[float]]:
     """Closed windows without a decision, per job."""
     decided: dict[str, set[float]] = defaultdict(set)
     for decision in ledger.decisions():
@@ -181,7 +183,7 @@ def missing_decisions(ledger: Ledger, stream: ReportStream, interval_s: float) -
     return {
         job: missing
         for job in stream.jobs
-        if (missing := [end for end in stream.closed_windows(job, interval_s) if end not in decided[job]])
+        if (missing := [end for end in stream.closed_windows(job, settings) if end not in decided[job]])
     }
 
 

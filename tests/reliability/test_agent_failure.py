@@ -40,7 +40,7 @@ def test_a_killed_worker_loses_no_decision_and_executes_none_twice(settings: Set
             killed_at = time.time()
             ledger.watch(30)  # the session timeout (10 s), the rebalance and 20 s more of reports
         assert not stream.failed, stream.failed
-        wait_until(lambda: (ledger.poll(), not missing_decisions(ledger, stream, settings.loop_interval_s))[1],
+        wait_until(lambda: (ledger.poll(), not missing_decisions(ledger, stream, settings))[1],
                    timeout=120, message="a decision for every closed window")
         # Time to recover: until every job had a decision again (the killed worker's jobs wait longest).
         resumed_after = max(
@@ -54,7 +54,7 @@ def test_a_killed_worker_loses_no_decision_and_executes_none_twice(settings: Set
         assert result.windows_with_two_decisions == [], "a redelivered window was decided anew"
         assert result.executed_twice == [], "a decision was executed twice"
         assert result.rescales >= 8, f"too few rescales to tell anything: {result.rescales}"
-        assert sum(len(stream.closed_windows(job, settings.loop_interval_s)) for job in jobs) == result.decisions
+        assert sum(len(stream.closed_windows(job, settings)) for job in jobs) == result.decisions
         # The takeover itself: the survivor's log shows it got the partitions of the killed worker.
         assert "assigned" in workers[1].log().lower() or "assignment" in workers[1].log().lower()
         print(f"\nkill: {result.decisions} windows decided, {result.rescales} rescales, 0 lost, 0 twice; "

@@ -63,7 +63,7 @@ def test_agents_wait_out_a_redis_outage_and_resume_without_losing_a_window(broke
             first_after = min(at for at, _ in ledger.decisions_received() if at > restarted_at) - restarted_at
             ledger.watch(5)
         assert not stream.failed, stream.failed
-        wait_until(lambda: (ledger.poll(), not missing_decisions(ledger, stream, settings.loop_interval_s))[1],
+        wait_until(lambda: (ledger.poll(), not missing_decisions(ledger, stream, settings))[1],
                    timeout=90, message="a decision for every closed window, including those of the outage")
         result = audit(ledger)
         assert result.windows_with_two_decisions == []

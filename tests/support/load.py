@@ -26,6 +26,7 @@ from rich.console import Console
 
 from contracts.settings import Settings
 from infra.kafka import ensure_topics, kafka_client_config
+from monitor.windows import phase_for, window_start_for
 from stack.processes import free_port, start_broker, start_redis
 from stack.services import AgentWorker, isolated_settings, register_jobs, start_agents
 
@@ -238,7 +239,8 @@ def run(
         result.decisions = int(sum(counter_total(lines, "autoscaler_decisions_total") for lines in scrapes))
         result.decision_latency_p99_s = histogram_quantile(scrapes, "autoscaler_window_to_decision_seconds", 0.99)
         # Windows the reports closed: every window from the first report's to the last one's, which stays open.
-        result.windows_expected = jobs * ((first_second + seconds) // 10 - (first_second + 1) // 10)
+        result.windows_expected = sum(windows_closed(first_second + 1, first_second + seconds, settings, job)
+                                      for job in names)
         result.samples.append(take_sample(round(seconds / speedup), result.reports_sent, probe, processes, store,
                                           ports))
         probe.close()
@@ -251,6 +253,13 @@ def run(
         broker.stop()
         redis_server.stop()
     return result
+
+
+def windows_closed(first: float, last: float, settings: Settings, job: str) -> int:
+    """How many of `job`'s windows reports stamped `first` to `last` close (the last one's stays open)."""
+    interval = settings.loop_interval_s
+    phase = phase_for(job, interval, settings.window_spread)
+    return round((window_start_for(last, interval, phase) - window_start_for(first, interval, phase)) / interval)
 
 
 def decisions_made(ports: list[int]) -> int:

@@ -18,6 +18,7 @@ from monitor.windows import (
     WindowState,
     add_report,
     already_applied,
+    window_phase,
     window_start_for,
 )
 
@@ -144,3 +145,38 @@ def test_remembered_keys_are_capped_per_window(monkeypatch: pytest.MonkeyPatch) 
     # Beyond the cap duplicates are no longer recognised: counted, as before this rule existed.
     state, _ = add_report(state, report(1004.5), INTERVAL, 0, 11)
     assert state.reports == 11
+
+
+@FAST
+@given(st.text(min_size=1, max_size=12), st.integers(1, 40))
+def test_a_jobs_windows_start_at_its_phase_and_hold_each_report_once(job: str, seconds: int) -> None:
+    phase = window_phase(job, INTERVAL)
+    assert 0.0 <= phase < INTERVAL and window_phase(job, INTERVAL) == phase  # stable
+    state, closed = None, []
+    for t in range(seconds):
+        state, window = add_report(state, report(1_000_000.0 + t), INTERVAL, phase_s=phase)
+        closed += [window] if window else []
+    assert state is not None and (state.start - phase) % INTERVAL == 0
+    for window in closed:
+        assert (window.window_start - phase) % INTERVAL == 0 and window.window_end - window.window_start == INTERVAL
+    assert sum(w.report_count for w in closed) + state.reports == seconds
+
+
+def test_the_windows_of_many_jobs_close_spread_over_the_interval() -> None:
+    # A thousand jobs reporting in step: their windows close in every second of the interval, none
+    # with more than one and a half times its even share.
+    per_second = [0] * int(INTERVAL)
+    for i in range(1000):
+        per_second[int(window_phase(f"load-{i:04d}", INTERVAL))] += 1
+    assert min(per_second) > 0 and max(per_second) <= 150
+
+
+def test_a_window_opened_before_its_phase_changed_keeps_its_span() -> None:
+    # A window opened on a multiple of the interval (a monitor before `window_spread`): its reports
+    # stay in it, none is late, and the next window starts on the job's phase.
+    state, _ = add_report(None, report(1_000_000.5), INTERVAL)
+    for t in (1.5, 7.5, 9.5):
+        state, window = add_report(state, report(1_000_000.0 + t), INTERVAL, phase_s=3.0)
+        assert window is None and state.start == 1_000_000.0
+    state, window = add_report(state, report(1_000_010.5), INTERVAL, phase_s=3.0)
+    assert window is not None and window.report_count == 4 and state.start == 1_000_003.0
