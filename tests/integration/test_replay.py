@@ -108,7 +108,9 @@ def test_live_agents_and_the_simulators_loop_make_the_same_decisions(
         assert len(theirs) == len(ours), job
         for n, (mine, live_one) in enumerate(zip(ours, theirs, strict=True)):
             assert live_one == mine, f"{job}: decision {n} (window {mine['window_end']}) differs"
-    live_events = unique([ScalingEvent.model_validate_json(v) for _, v, _ in events.records], lambda e: e.event_id)
+    # Only the replay's jobs: an earlier test's rescale may still fail as overdue on the shared topics.
+    live_events = unique([e for e in (ScalingEvent.model_validate_json(v) for _, v, _ in events.records)
+                          if e.job_id in JOBS], lambda e: e.event_id)
     sim_events = [e for loop in loops.jobs.values() for e in loop.events]
     assert sorted((e.job_id, e.type.value, e.from_parallelism, e.to_parallelism) for e in live_events) == sorted(
         (e.job_id, e.type.value, e.from_parallelism, e.to_parallelism) for e in sim_events)
