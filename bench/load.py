@@ -24,8 +24,9 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def print_table(result: LoadResult, console: Console) -> None:
+    windows = "spread" if result.window_spread else "aligned"
     table = Table(title=f"load: {result.jobs} jobs x 1 report/s, {result.minutes:g} min of metric time at "
-                        f"{result.speedup:g}x, {result.workers} workers")
+                        f"{result.speedup:g}x, {result.workers} workers, windows {windows}")
     for column in ("t (s)", "reports sent", "lag (records)", "worker RSS (MB)", "Redis (MB)",
                    "Redis dataset (MB)", "decisions"):
         table.add_column(column, justify="right")
@@ -47,11 +48,12 @@ def main(
     workers: Annotated[int, typer.Option(min=1)] = 2,
     history_length: Annotated[int, typer.Option(min=10)] = 20,
     speedup: Annotated[float, typer.Option(min=1.0, help="Metric time per wall second.")] = 1.0,
+    window_spread: Annotated[bool, typer.Option(help="Each job's windows at a phase of its own (the setting).")] = True,
     out: Annotated[Path, typer.Option(help="JSON results file.")] = RESULTS / "load.json",
 ) -> None:
     console = Console()
     result = run(jobs=jobs, minutes=minutes, workers=workers, history_length=history_length, speedup=speedup,
-                 console=console)
+                 window_spread=window_spread, console=console)
     print_table(result, console)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**asdict(result), "summary": result.summary()}, indent=2))

@@ -52,6 +52,7 @@ class LoadResult:
     workers: int
     history_length: int
     reports_sent: int
+    window_spread: bool = True
     samples: list[Sample] = field(default_factory=list)
     drain_s: float | None = None
     # After the load stops, each second: (seconds since, lag per topic, decisions so far): where a drain waits.
@@ -167,6 +168,7 @@ def run(
     history_length: int = 20,
     sample_s: float = 10.0,
     speedup: float = 1.0,
+    window_spread: bool = True,
     workdir: Path | None = None,
     console: Console | None = None,
 ) -> LoadResult:
@@ -177,12 +179,12 @@ def run(
     redis_server = start_redis(log_path=workdir / "redis.log")
     settings = isolated_settings(broker.port, redis_server.port, f"load{uuid.uuid4().hex[:4]}",
                                  f"load-{uuid.uuid4().hex[:6]}", 10.0).model_copy(
-        update={"topic_partitions": 8, "history_length": history_length})
+        update={"topic_partitions": 8, "history_length": history_length, "window_spread": window_spread})
     names = [f"load-{i:04d}" for i in range(jobs)]
     agents: list[AgentWorker] = []
     processes: list[Popen[bytes]] = []
     result = LoadResult(jobs=jobs, minutes=minutes, speedup=speedup, workers=workers, history_length=history_length,
-                        reports_sent=0)
+                        reports_sent=0, window_spread=window_spread)
     try:
         ensure_topics(settings)
         register_jobs(settings, names, mode="recommend")
