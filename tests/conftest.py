@@ -99,6 +99,10 @@ def settings(broker: Service, redis_service: Service) -> Settings:
         app_id=f"autoscaler-{uuid.uuid4().hex[:6]}",
         web_port=free_port(),
         loop_interval_s=10.0,
+        # These tests build reports on window boundaries (multiples of the interval). Windows spread
+        # over the interval, the default, run in the reliability tests (tests/reliability/helpers.py,
+        # test_load.py) and the window rules' unit tests.
+        window_spread=False,
     )
 
 
