@@ -43,6 +43,7 @@ from contracts.stage import Incoming
 from execute.agent import ExecuteAgent
 from execute.kernel import COMMANDS
 from knowledge.memory import MemoryKnowledge, run_now
+from knowledge.protocols import FALLBACK_SCAN
 from monitor import kernel as monitor_kernel
 from monitor.windows import WindowState
 from plan import kernel as plan_kernel
@@ -51,7 +52,6 @@ from plan.policy import ScalingPolicy
 Forecaster = Callable[[MetricWindow, ForecastConfig], ForecastView | None]
 """The forecast analyze would publish for a window, given the forecaster's settings."""
 
-FALLBACK_SCAN = 60  # as `knowledge.last_valid_analysis` scans
 
 
 class JobLoop:

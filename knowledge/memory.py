@@ -25,6 +25,7 @@ from knowledge import stored_forms
 from knowledge.fleet_rules import FleetStep, check_fleet
 from knowledge.protocols import (
     DECISION_MARKER_TTL_S,
+    FALLBACK_SCAN,
     HISTORY,
     REPUBLISH_SCAN,
     WATERMARKS,
@@ -32,6 +33,8 @@ from knowledge.protocols import (
     PlanReads,
     Stage,
     StoredForecast,
+    committed,
+    last_valid,
 )
 from knowledge.redis_execution import inflight_fields, load_inflight
 
@@ -147,8 +150,8 @@ class MemoryKnowledge:
 
     # ---------------------------------------------------------------- analyze: models
 
-    async def last_valid_analysis(self, job_id: str, scan: int = 60) -> dict[str, Any] | None:
-        return next((item for item in self._recent(job_id, "rates", scan) if item.get("valid")), None)
+    async def last_valid_analysis(self, job_id: str, scan: int = FALLBACK_SCAN) -> dict[str, Any] | None:
+        return last_valid(self._recent(job_id, "rates", scan))
 
     async def last_analysis(self, job_id: str) -> dict[str, Any] | None:
         recent = self._recent(job_id, "rates", 1)
@@ -170,8 +173,7 @@ class MemoryKnowledge:
     # ---------------------------------------------------------------- analyze and plan: one commit per window
 
     async def window_done(self, job_id: str, stage: Stage, window_end: float) -> bool:
-        current = self._state[job_id].get(WATERMARKS[stage])
-        return current is not None and float(current) >= window_end
+        return committed(self._state[job_id].get(WATERMARKS[stage]), window_end)
 
     async def committed_message(self, job_id: str, stage: Stage, window_end: float) -> str | None:
         for item in self._lists[(job_id, HISTORY[stage])][:REPUBLISH_SCAN]:

@@ -27,6 +27,8 @@ HISTORY: dict[str, str] = {"analyze": "rates", "plan": "decisions"}
 # How far back a redelivered window's message is looked for in the stage's history: a redelivery
 # reaches back only over windows whose offsets were not yet committed to the broker.
 REPUBLISH_SCAN = 16
+# How many of analyze's recent windows are searched for the last valid one (an idle window's fallback).
+FALLBACK_SCAN = 60
 # Long past any redelivery (offsets not yet committed) or republication (recent windows).
 DECISION_MARKER_TTL_S = 24 * 3600
 
@@ -75,7 +77,7 @@ class OpenWindows(Protocol):
 class AnalysisModels(Protocol):
     """What analyze learns per job: true-rate history, capacity model and detector, forecast."""
 
-    async def last_valid_analysis(self, job_id: str, scan: int = 60) -> dict[str, Any] | None: ...
+    async def last_valid_analysis(self, job_id: str, scan: int = FALLBACK_SCAN) -> dict[str, Any] | None: ...
 
     async def last_analysis(self, job_id: str) -> dict[str, Any] | None: ...
 
@@ -92,6 +94,16 @@ class AnalysisModels(Protocol):
         ...
 
     async def save_forecast(self, job_id: str, state_json: str, model: bytes | None) -> None: ...
+
+
+def committed(watermark: str | None, window_end: float) -> bool:
+    """Whether a stage's stored watermark says the window ending at `window_end` was committed."""
+    return watermark is not None and float(watermark) >= window_end
+
+
+def last_valid(analyses: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first valid analysis of these (newest first): an idle window's fallback."""
+    return next((item for item in analyses if item.get("valid")), None)
 
 
 @dataclass(frozen=True)

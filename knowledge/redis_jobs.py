@@ -12,6 +12,7 @@ from contracts.jobs import CONFIG_VERSION, CONFIG_VERSION_FIELD, JobConfig, stor
 from contracts.plan_state import PLAN_STATE_VERSION, Direction, PlanState
 from contracts.window_state import WindowState
 from knowledge import stored_forms
+from knowledge.protocols import FALLBACK_SCAN, last_valid
 from knowledge.redis_fleet import RedisFleet
 
 # The plan state's older form kept its measured downtimes in these lists, and analyze's last seen
@@ -20,11 +21,30 @@ OLD_DOWNTIME_LISTS = ("downtimes:up", "downtimes:down")
 OLD_FIELDS = ("parallelism_seen",)
 
 
+def current_plan_state(raw: dict[str, str], old: list[list[Any]]) -> PlanState | None:
+    """The plan state from its hash and the old downtime lists, where nothing is to migrate (a current
+    state, or a job never planned); None where `RedisJobs.plan_state` must migrate it."""
+    if "version" in raw:
+        return PlanState.load(raw)
+    if not raw and not any(old):
+        return PlanState.load(raw, {"up": [], "down": []})
+    return None
+
+
+def stored_learned(raw: str | bytes | None) -> dict[str, Any] | None:
+    """Analyze's learned state from its stored JSON (None when none is stored)."""
+    return stored_forms.learned(json.loads(raw)) if raw else None
+
+
 class RedisJobs(RedisFleet):
     # ---------------------------------------------------------------- registry and config
 
     async def _overrides(self, job_id: str) -> dict[str, str]:
         return stored_overrides(await self.redis.hgetall(self._key(job_id, "config")))
+
+    def _config(self, stored: dict[str, str]) -> JobConfig:
+        """The job's configuration from its stored config hash."""
+        return JobConfig.resolve(self.settings, stored_overrides(stored))
 
     async def _store_overrides(self, job_id: str, overrides: dict[str, str]) -> None:
         key = self._key(job_id, "config")
@@ -76,7 +96,7 @@ class RedisJobs(RedisFleet):
         return set(await self.redis.smembers(self._jobs_key))
 
     async def job_config(self, job_id: str) -> JobConfig:
-        return JobConfig.resolve(self.settings, await self._overrides(job_id))
+        return self._config(await self.redis.hgetall(self._key(job_id, "config")))
 
     # ---------------------------------------------------------------- monitor: open windows
 
@@ -95,8 +115,8 @@ class RedisJobs(RedisFleet):
 
     # ---------------------------------------------------------------- analyze: models
 
-    async def last_valid_analysis(self, job_id: str, scan: int = 60) -> dict[str, Any] | None:
-        return next((item for item in await self._recent_json(job_id, "rates", scan) if item.get("valid")), None)
+    async def last_valid_analysis(self, job_id: str, scan: int = FALLBACK_SCAN) -> dict[str, Any] | None:
+        return last_valid(await self._recent_json(job_id, "rates", scan))
 
     async def last_analysis(self, job_id: str) -> dict[str, Any] | None:
         recent = await self._recent_json(job_id, "rates", 1)
@@ -106,8 +126,7 @@ class RedisJobs(RedisFleet):
         return await self._recent_json(job_id, "rates", limit)
 
     async def learned(self, job_id: str) -> dict[str, Any] | None:
-        raw = await self.redis.get(self._key(job_id, "learned"))
-        return stored_forms.learned(json.loads(raw)) if raw else None
+        return stored_learned(await self.redis.get(self._key(job_id, "learned")))
 
     async def forecast(self, job_id: str) -> tuple[str | None, bytes | None]:
         async with self._raw.pipeline(transaction=True) as pipe:
@@ -137,10 +156,9 @@ class RedisJobs(RedisFleet):
             for key in lists:
                 read.lrange(key, 0, -1)
             raw, *old = await read.execute()
-        if "version" in raw:
-            return PlanState.load(raw)
-        if not raw and not any(old):
-            return PlanState.load(raw, {"up": [], "down": []})
+        current = current_plan_state(raw, old)
+        if current is not None:
+            return current
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:

@@ -10,12 +10,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from contracts.jobs import JobConfig, stored_overrides
 from contracts.plan_state import PLAN_STATE_VERSION, PlanState
-from knowledge import stored_forms
-from knowledge.protocols import HISTORY, REPUBLISH_SCAN, WATERMARKS, AnalyzeReads, PlanReads, Stage, StoredForecast
+from knowledge.protocols import (
+    FALLBACK_SCAN,
+    HISTORY,
+    REPUBLISH_SCAN,
+    WATERMARKS,
+    AnalyzeReads,
+    PlanReads,
+    Stage,
+    StoredForecast,
+    committed,
+    last_valid,
+)
 from knowledge.redis_execution import parse_lock
-from knowledge.redis_jobs import OLD_DOWNTIME_LISTS, RedisJobs
+from knowledge.redis_jobs import OLD_DOWNTIME_LISTS, RedisJobs, current_plan_state, stored_learned
 
 # KEYS: the state hash, then `nh` history lists, then `nv` values to set, then keys to delete.
 # ARGV: the watermark field, the window's end, the history's length, nh, nv, the number of state
@@ -60,8 +69,7 @@ class RedisWindows(RedisJobs):
         self._commit = self.redis.register_script(_COMMIT)
 
     async def window_done(self, job_id: str, stage: Stage, window_end: float) -> bool:
-        current = await self.redis.hget(self._key(job_id, "state"), WATERMARKS[stage])
-        return current is not None and float(current) >= window_end
+        return committed(await self.redis.hget(self._key(job_id, "state"), WATERMARKS[stage]), window_end)
 
     async def committed_message(self, job_id: str, stage: Stage, window_end: float) -> str | None:
         for item in await self.redis.lrange(self._key(job_id, HISTORY[stage]), 0, REPUBLISH_SCAN - 1):
@@ -119,38 +127,30 @@ class RedisWindows(RedisJobs):
             return list(await pipe.execute())
 
     async def _loaded_state(self, job_id: str, raw: dict[str, str], old: list[list[bytes]]) -> PlanState:
-        if "version" in raw:
-            return PlanState.load(raw)
-        if not raw and not any(old):
-            return PlanState.load(raw, {"up": [], "down": []})
-        return await self.plan_state(job_id)  # an older form, or a first window: migrated as plan_state does
-
-    def _done(self, raw: dict[str, str], stage: Stage, window_end: float) -> bool:
-        current = raw.get(WATERMARKS[stage])
-        return current is not None and float(current) >= window_end
+        # An older form, or a first window, is migrated as plan_state migrates it.
+        current = current_plan_state(raw, old)
+        return current if current is not None else await self.plan_state(job_id)
 
     async def analyze_reads(self, job_id: str, window_end: float, fallback: bool) -> AnalyzeReads:
-        scan = {"rates": 60} if fallback else {}
+        scan = {"rates": FALLBACK_SCAN} if fallback else {}
         state, up, down, config, learned, forecast, model, *recent = await self._state_and_config(
             job_id, ["learned", "forecast", "forecast-model"], scan)
         raw = _hash(state)
-        last_valid = next((item for item in (json.loads(x) for x in recent[0]) if item.get("valid")), None) \
-            if recent else None
         return AnalyzeReads(
-            done=self._done(raw, "analyze", window_end),
-            config=JobConfig.resolve(self.settings, stored_overrides(_hash(config))),
-            learned=stored_forms.learned(json.loads(learned)) if learned else None,
+            done=committed(raw.get(WATERMARKS["analyze"]), window_end),
+            config=self._config(_hash(config)),
+            learned=stored_learned(learned),
             plan_state=await self._loaded_state(job_id, raw, [up, down]),
             forecast=StoredForecast(_text(forecast), model),
-            fallback=last_valid,
+            fallback=last_valid(json.loads(x) for x in recent[0]) if recent else None,
         )
 
     async def plan_reads(self, job_id: str, window_end: float) -> PlanReads:
         state, up, down, config, lock = await self._state_and_config(job_id, ["lock"], {})
         raw = _hash(state)
         return PlanReads(
-            done=self._done(raw, "plan", window_end),
-            config=JobConfig.resolve(self.settings, stored_overrides(_hash(config))),
+            done=committed(raw.get(WATERMARKS["plan"]), window_end),
+            config=self._config(_hash(config)),
             state=await self._loaded_state(job_id, raw, [up, down]),
             lock_holder=parse_lock(_text(lock)),
         )
