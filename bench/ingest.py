@@ -42,7 +42,7 @@ from bench.ingest_setup import (
 from contracts.settings import Settings
 from infra.kafka import ensure_topics
 from knowledge import RedisKnowledge
-from monitor.windows import phase_for, window_start_for
+from monitor.windows import closed_window_ends, phase_for
 from stack.processes import Service
 from stack.services import register_jobs
 
@@ -100,12 +100,11 @@ def measure_throughput(
                for i in range(per_job) for job in job_ids][:reports]
     expected: set[tuple[str, float]] = set()
     for j, job in enumerate(job_ids):
-        phase = phase_for(job, loop_interval_s, settings.window_spread)
-        first = window_start_for(base + REPORT_INTERVAL_S, loop_interval_s, phase)
-        last = window_start_for(base + len(range(j, reports, jobs)) * REPORT_INTERVAL_S, loop_interval_s, phase)
         # Every window before the job's last (still open) one must be closed.
-        expected |= {(job, round(first + (k + 1) * loop_interval_s, 6))
-                     for k in range(round((last - first) / loop_interval_s))}
+        last = base + len(range(j, reports, jobs)) * REPORT_INTERVAL_S
+        phase = phase_for(job, loop_interval_s, settings.window_spread)
+        expected |= {(job, round(end, 6))
+                     for end in closed_window_ends(base + REPORT_INTERVAL_S, last, loop_interval_s, phase)}
     started = time.monotonic()
     produce_all(producer(settings, linger_ms=20), settings.topics.metrics, records)
     produce_s = time.monotonic() - started

@@ -73,6 +73,14 @@ def phase_for(job_id: str, interval_s: float, spread: bool) -> float:
     return window_phase(job_id, interval_s) if spread else 0.0
 
 
+def closed_window_ends(first: float, last: float, interval_s: float, phase_s: float = 0.0) -> list[float]:
+    """The ends of the windows that reports stamped `first` to `last` (in order) close: every window
+    from the first report's to the one before the last report's, which stays open."""
+    start = window_start_for(first, interval_s, phase_s)
+    count = round((window_start_for(last, interval_s, phase_s) - start) / interval_s)
+    return [start + interval_s * (i + 1) for i in range(count)]
+
+
 def window_phase(job_id: str, interval_s: float) -> float:
     """Where in the interval a job's windows start, spread evenly over jobs by a hash of the id (stable
     across processes and restarts): with thousands of jobs reporting in step, their windows close

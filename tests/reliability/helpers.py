@@ -18,7 +18,7 @@ from contracts.messages import MetricReport, SourceMetrics
 from contracts.settings import Settings
 from infra.kafka import ensure_topics, kafka_client_config
 from knowledge import RedisKnowledge
-from monitor.windows import phase_for, window_start_for
+from monitor.windows import closed_window_ends, phase_for
 from stack.services import isolated_settings
 
 # Tuned so that every window yields a decision and an overloaded job asks for more slots at once.
@@ -107,10 +107,7 @@ class ReportStream:
     def closed_windows(self, job: str, settings: Settings) -> list[float]:
         """Ends of the windows the monitor must have closed: every window before the last report's."""
         stamps, interval_s = self.sent[job], settings.loop_interval_s
-        phase = phase_for(job, interval_s, settings.window_spread)
-        first = window_start_for(stamps[0], interval_s, phase)
-        last_open = window_start_for(stamps[-1], interval_s, phase)
-        return [first + interval_s * (i + 1) for i in range(round((last_open - first) / interval_s))]
+        return closed_window_ends(stamps[0], stamps[-1], interval_s, phase_for(job, interval_s, settings.window_spread))
 
 
 class TopicLog:

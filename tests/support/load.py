@@ -26,7 +26,7 @@ from rich.console import Console
 
 from contracts.settings import Settings
 from infra.kafka import ensure_topics, kafka_client_config
-from monitor.windows import phase_for, window_start_for
+from monitor.windows import closed_window_ends, phase_for
 from stack.processes import free_port, start_broker, start_redis
 from stack.services import AgentWorker, isolated_settings, register_jobs, start_agents
 
@@ -260,8 +260,7 @@ def run(
 def windows_closed(first: float, last: float, settings: Settings, job: str) -> int:
     """How many of `job`'s windows reports stamped `first` to `last` close (the last one's stays open)."""
     interval = settings.loop_interval_s
-    phase = phase_for(job, interval, settings.window_spread)
-    return round((window_start_for(last, interval, phase) - window_start_for(first, interval, phase)) / interval)
+    return len(closed_window_ends(first, last, interval, phase_for(job, interval, settings.window_spread)))
 
 
 def decisions_made(ports: list[int]) -> int:

@@ -18,6 +18,7 @@ from monitor.windows import (
     WindowState,
     add_report,
     already_applied,
+    closed_window_ends,
     window_phase,
     window_start_for,
 )
@@ -160,6 +161,8 @@ def test_a_jobs_windows_start_at_its_phase_and_hold_each_report_once(job: str, s
     for window in closed:
         assert (window.window_start - phase) % INTERVAL == 0 and window.window_end - window.window_start == INTERVAL
     assert sum(w.report_count for w in closed) + state.reports == seconds
+    # What the benches and reliability tests count as closed is what the monitor closed.
+    assert [w.window_end for w in closed] == closed_window_ends(1_000_000.0, 1_000_000.0 + seconds - 1, INTERVAL, phase)
 
 
 def test_the_windows_of_many_jobs_close_spread_over_the_interval() -> None:
