@@ -104,6 +104,12 @@ def agents(
     if web_port is not None:
         settings = settings.model_copy(update={"web_port": web_port})
     stages = list(STAGES) if not stage or stage == ["all"] else stage
+    if settings.event_loop == "uvloop":  # before the app and its worker make their loop
+        import asyncio
+
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     ensure_topics(settings)
     faust_app, _ = create_app(settings, stages)
     from faust.worker import Worker

@@ -69,10 +69,14 @@ class Forecasting:
 
     async def advance(self, job_id: str, stored: StoredForecast, arrival_rate: float, now: float,
                       config: ForecastConfig) -> tuple[ForecastDecision, StoredForecast]:
-        """The forecast step (in a thread) on the stored forecast, and what to store with the window's
-        commit; the caller holds `lock(job_id)` from its read to that commit, then calls `started`."""
+        """The forecast step on the stored forecast, and what to store with the window's commit; the caller
+        holds `lock(job_id)` from its read to that commit, then calls `started`. A step that updates a model
+        runs in a thread; without one it is a few array operations, cheaper than the thread's hop."""
         state = self._state(job_id, stored.state_json)
-        state, decision = await asyncio.to_thread(step, state, [arrival_rate], now, config, stored.model)
+        if stored.model is None:
+            state, decision = step(state, [arrival_rate], now, config, None)
+        else:
+            state, decision = await asyncio.to_thread(step, state, [arrival_rate], now, config, stored.model)
         return decision, StoredForecast(state.model_dump_json(), decision.model)
 
     def started(self, job_id: str, decision: ForecastDecision, config: ForecastConfig) -> None:

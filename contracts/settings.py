@@ -98,6 +98,8 @@ class Settings(BaseSettings):
         None, description="File holding the bearer token, instead of AUTOSCALER_WEB_TOKEN."
     )
     log_level: str = "info"
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        "uvloop", description="The agents' event loop: uvloop (libuv's, less CPU per message) or Python's asyncio.")
 
     # Kafka security (confluent-kafka and Faust clients). PLAINTEXT, no auth: today's default.
     kafka_security_protocol: KafkaSecurityProtocol = "PLAINTEXT"
@@ -246,6 +248,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "AUTOSCALER_WEB_HOST": settings.web_host,
         "AUTOSCALER_LOOP_INTERVAL_S": str(settings.loop_interval_s),
         "AUTOSCALER_WINDOW_SPREAD": str(settings.window_spread).lower(),
+        "AUTOSCALER_EVENT_LOOP": settings.event_loop,
         "AUTOSCALER_LOG_LEVEL": "info",
     }
     for name, topic in settings.topics.model_dump().items():

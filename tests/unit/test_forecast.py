@@ -11,6 +11,8 @@ import pickle
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from analyze import forecast as fc
 from analyze.arima import (
@@ -75,6 +77,15 @@ def test_linear_trend_extends_a_line_exactly() -> None:
     # A falling line stops at zero (a rate).
     np.testing.assert_allclose(linear_trend_forecast([30, 20, 10], 3, window=3), [0, 0, 0], atol=1e-9)
     np.testing.assert_allclose(linear_trend_forecast([7.0], 2), [7, 7])
+
+
+@given(st.lists(st.floats(0, 1e6), min_size=2, max_size=60), st.integers(1, 30), st.integers(2, 40))
+def test_linear_trend_is_the_least_squares_line(history: list[float], steps: int, window: int) -> None:
+    # The closed form is the line np.polyfit fits, extended and clamped at zero.
+    y = np.asarray(history)[-window:]
+    slope, intercept = np.polyfit(np.arange(y.size, dtype=float), y, 1)
+    expected = np.maximum(intercept + slope * np.arange(y.size, y.size + steps), 0.0)
+    np.testing.assert_allclose(linear_trend_forecast(history, steps, window), expected, rtol=1e-9, atol=1e-6)
 
 
 def test_last_value_repeats_the_newest_point() -> None:
