@@ -49,11 +49,12 @@ def main(
     history_length: Annotated[int, typer.Option(min=10)] = 20,
     speedup: Annotated[float, typer.Option(min=1.0, help="Metric time per wall second.")] = 1.0,
     window_spread: Annotated[bool, typer.Option(help="Each job's windows at a phase of its own (the setting).")] = True,
+    drain_limit_s: Annotated[float, typer.Option(min=0, help="How long to wait for the drain after the load.")] = 300.0,
     out: Annotated[Path, typer.Option(help="JSON results file.")] = RESULTS / "load.json",
 ) -> None:
     console = Console()
     result = run(jobs=jobs, minutes=minutes, workers=workers, history_length=history_length, speedup=speedup,
-                 window_spread=window_spread, console=console)
+                 window_spread=window_spread, drain_limit_s=drain_limit_s, console=console)
     print_table(result, console)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**asdict(result), "summary": result.summary()}, indent=2))

@@ -169,6 +169,7 @@ def run(
     sample_s: float = 10.0,
     speedup: float = 1.0,
     window_spread: bool = True,
+    drain_limit_s: float = 300.0,
     workdir: Path | None = None,
     console: Console | None = None,
 ) -> LoadResult:
@@ -226,7 +227,7 @@ def run(
         producer.flush(60)
         stopped = time.time()
         next_sample = time.time() + sample_s
-        while time.time() - stopped < 300:
+        while time.time() - stopped < drain_limit_s:
             if time.time() >= next_sample:
                 next_sample += sample_s
                 result.drain_samples.append(take_sample(round(time.time() - began), result.reports_sent, probe,
