@@ -25,8 +25,9 @@ RESULTS = Path(__file__).parent / "results"
 
 def print_table(result: LoadResult, console: Console) -> None:
     windows = "spread" if result.window_spread else "aligned"
+    store = f"a Redis Cluster of {result.redis_nodes}" if result.redis_nodes > 1 else "one Redis"
     table = Table(title=f"load: {result.jobs} jobs x 1 report/s, {result.minutes:g} min of metric time at "
-                        f"{result.speedup:g}x, {result.workers} workers, windows {windows}")
+                        f"{result.speedup:g}x, {result.workers} workers, windows {windows}, {store}")
     for column in ("t (s)", "reports sent", "lag (records)", "worker RSS (MB)", "Redis (MB)",
                    "Redis dataset (MB)", "decisions"):
         table.add_column(column, justify="right")
@@ -50,11 +51,13 @@ def main(
     speedup: Annotated[float, typer.Option(min=1.0, help="Metric time per wall second.")] = 1.0,
     window_spread: Annotated[bool, typer.Option(help="Each job's windows at a phase of its own (the setting).")] = True,
     drain_limit_s: Annotated[float, typer.Option(min=0, help="How long to wait for the drain after the load.")] = 300.0,
+    redis_nodes: Annotated[int, typer.Option(min=1, help="1: a redis-server; more: a Redis Cluster of as many.")] = 1,
     out: Annotated[Path, typer.Option(help="JSON results file.")] = RESULTS / "load.json",
 ) -> None:
     console = Console()
     result = run(jobs=jobs, minutes=minutes, workers=workers, history_length=history_length, speedup=speedup,
-                 window_spread=window_spread, drain_limit_s=drain_limit_s, console=console)
+                 window_spread=window_spread, drain_limit_s=drain_limit_s,
+                 redis_nodes=redis_nodes, console=console)
     print_table(result, console)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**asdict(result), "summary": result.summary()}, indent=2))

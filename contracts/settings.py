@@ -53,6 +53,9 @@ class Settings(BaseSettings):
 
     kafka_bootstrap: str = "127.0.0.1:9092"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_cluster: bool = Field(
+        False, description="The knowledge base is a Redis Cluster (`redis_url` names one of its nodes): one job's "
+        "keys share a hash slot, the keys every job shares another.")
     topics: Topics = Field(default_factory=Topics)
     topic_partitions: int = Field(8, ge=1, description="Partitions of the topics the autoscaler creates.")
 
@@ -242,6 +245,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
     env = {
         "AUTOSCALER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "AUTOSCALER_REDIS_URL": settings.redis_url,
+        "AUTOSCALER_REDIS_CLUSTER": str(settings.redis_cluster).lower(),
         "AUTOSCALER_TOPIC_PARTITIONS": str(settings.topic_partitions),
         "AUTOSCALER_APP_ID": settings.app_id,
         "AUTOSCALER_WEB_PORT": str(settings.web_port),

@@ -123,24 +123,23 @@ class RedisExecution(RedisBase):
     async def track_rescale(self, job_id: str, rescale: InFlight) -> None:
         """The record replaces the job's last one whole (no field of an older form is left behind)."""
         key = self._key(job_id, "inflight")
-        async with self.redis.pipeline(transaction=True) as pipe:
+
+        def record(pipe: Any) -> None:
             pipe.delete(key)
             pipe.hset(key, mapping=inflight_fields(rescale))
-            pipe.zadd(self._inflight_key, {job_id: rescale.deadline})
-            await pipe.execute()
+
+        # The record before its deadline in the index: an indexed rescale always has its record.
+        await self._transaction(record, lambda pipe: pipe.zadd(self._inflight_key, {job_id: rescale.deadline}))
 
     async def inflight(self, job_id: str) -> InFlight | None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(self._key(job_id, "inflight"))
-            pipe.zscore(self._inflight_key, job_id)
-            fields, indexed = await pipe.execute()
+        fields, indexed = await self._transaction(lambda pipe: pipe.hgetall(self._key(job_id, "inflight")),
+                                                  lambda pipe: pipe.zscore(self._inflight_key, job_id))
         return load_inflight(fields, indexed)
 
     async def finish_rescale(self, job_id: str) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self._key(job_id, "inflight"))
-            pipe.zrem(self._inflight_key, job_id)
-            await pipe.execute()
+        # Out of the index first: a rescale left indexed without its record would be failed as overdue.
+        await self._transaction(lambda pipe: pipe.zrem(self._inflight_key, job_id),
+                                lambda pipe: pipe.delete(self._key(job_id, "inflight")))
 
     async def claim_overdue(self, job_id: str) -> bool:
         """True for exactly one caller: several execute workers may see the same overdue rescale."""

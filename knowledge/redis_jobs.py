@@ -48,11 +48,13 @@ class RedisJobs(RedisFleet):
 
     async def _store_overrides(self, job_id: str, overrides: dict[str, str]) -> None:
         key = self._key(job_id, "config")
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.sadd(self._jobs_key, job_id)
+
+        def config(pipe: Any) -> None:
             pipe.delete(key)
             pipe.hset(key, mapping={**overrides, CONFIG_VERSION_FIELD: CONFIG_VERSION})
-            await pipe.execute()
+
+        # The configuration before the index: a job is listed only once it has one.
+        await self._transaction(config, lambda pipe: pipe.sadd(self._jobs_key, job_id))
 
     async def register_job(self, job_id: str, overrides: dict[str, str] | None = None) -> JobConfig:
         merged = {**await self._overrides(job_id), **(overrides or {})}
@@ -81,13 +83,14 @@ class RedisJobs(RedisFleet):
         await self.forget_bid(job_id)
         await self._unorphan(job_id)
         keys = [key async for key in self.redis.scan_iter(match=self._key(job_id, "*"), count=500)]
-        async with self.redis.pipeline(transaction=True) as pipe:
+
+        def unlisted(pipe: Any) -> None:
             pipe.srem(self._jobs_key, job_id)
             pipe.hdel(self._allocations_key, job_id)
             pipe.zrem(self._inflight_key, job_id)  # its rescale in flight's deadline
-            if keys:
-                pipe.delete(*keys)
-            await pipe.execute()
+
+        # Unlisted before its keys go: a job is never listed without its configuration.
+        await self._transaction(unlisted, *([lambda pipe: pipe.delete(*keys)] if keys else []))
 
     async def job_exists(self, job_id: str) -> bool:
         return bool(await self.redis.sismember(self._jobs_key, job_id))
@@ -104,14 +107,14 @@ class RedisJobs(RedisFleet):
         ids = list(job_ids)
         if not ids:
             return {}
-        raw = await self.redis.mget([self._key(job_id, "window") for job_id in ids])
+        raw = await self._get_many([self._key(job_id, "window") for job_id in ids])
         return {job_id: WindowState.from_dict(json.loads(value))
                 for job_id, value in zip(ids, raw, strict=True) if value}
 
     async def save_windows(self, windows: Mapping[str, WindowState]) -> None:
         if windows:
-            await self.redis.mset({self._key(job_id, "window"): json.dumps(state.to_dict())
-                                   for job_id, state in windows.items()})
+            await self._set_many({self._key(job_id, "window"): json.dumps(state.to_dict())
+                                  for job_id, state in windows.items()})
 
     # ---------------------------------------------------------------- analyze: models
 

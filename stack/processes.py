@@ -160,10 +160,13 @@ def start_broker(
 
 
 def start_redis(
-    port: int | None = None, log_path: Path | None = None, password: str | None = None, data_dir: Path | None = None
+    port: int | None = None, log_path: Path | None = None, password: str | None = None, data_dir: Path | None = None,
+    cluster_dir: Path | None = None, cluster_port: int | None = None,
 ) -> Service:
     """A redis-server; with `data_dir`, every write goes to an append-only file there, so a restart
-    on the same directory comes back with the data (without it, nothing is kept)."""
+    on the same directory comes back with the data (without it, nothing is kept). With `cluster_dir`, a
+    node of a Redis Cluster, its node table kept there and its cluster bus on `cluster_port` (by default
+    the port + 10,000, past 65,535 for most free ports); `start_redis_cluster` joins the nodes."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not on PATH (Debian: apt-get install redis-server)")
@@ -176,6 +179,10 @@ def start_redis(
         argv += ["--appendonly", "no"]
     if password:
         argv += ["--requirepass", password]
+    if cluster_dir is not None:
+        cluster_dir.mkdir(parents=True, exist_ok=True)
+        argv += ["--cluster-enabled", "yes", "--cluster-config-file", str(cluster_dir / f"nodes-{port}.conf")]
+        argv += ["--cluster-port", str(cluster_port)] if cluster_port else []
     process = spawn("redis", argv, log_path)
     try:
         wait_for_port("127.0.0.1", port)
@@ -183,3 +190,37 @@ def start_redis(
         stop_pid(process.pid, process=process)
         raise
     return Service("redis", process, "127.0.0.1", port)
+
+
+SLOTS = 16384  # a Redis Cluster's hash slots
+
+
+def start_redis_cluster(nodes: int = 3, log_dir: Path | None = None, timeout: float = 30.0) -> list[Service]:
+    """A Redis Cluster of `nodes` primaries on this machine (no replicas), each holding an equal range of
+    the hash slots, ready when every node reports the cluster ok. The first node's URL reaches all."""
+    import redis
+
+    log_dir = log_dir or Path(".autoscaler") / f"redis-cluster-{os.getpid()}"
+    services: list[Service] = []
+    try:
+        buses = [free_port() for _ in range(nodes)]
+        for i in range(nodes):
+            services.append(start_redis(log_path=log_dir / f"redis-{i}.log", cluster_dir=log_dir,
+                                        cluster_port=buses[i]))
+        clients = [redis.Redis(host=s.host, port=s.port, decode_responses=True) for s in services]
+        for i, client in enumerate(clients):
+            client.execute_command("CLUSTER ADDSLOTSRANGE", SLOTS * i // nodes, SLOTS * (i + 1) // nodes - 1)
+        for client in clients[1:]:
+            client.execute_command("CLUSTER MEET", services[0].host, services[0].port, buses[0])
+        deadline = time.monotonic() + timeout
+        while not all(c.execute_command("CLUSTER INFO").get("cluster_state") == "ok" for c in clients):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the Redis Cluster of {nodes} nodes did not come up in {timeout:g} s")
+            time.sleep(0.1)
+        for client in clients:
+            client.close()
+    except BaseException:
+        for service in services:
+            service.stop()
+        raise
+    return services

@@ -27,7 +27,7 @@ from rich.console import Console
 from contracts.settings import Settings
 from infra.kafka import ensure_topics, kafka_client_config
 from monitor.windows import closed_window_ends, phase_for
-from stack.processes import free_port, start_broker, start_redis
+from stack.processes import free_port, start_broker, start_redis, start_redis_cluster
 from stack.services import AgentWorker, isolated_settings, register_jobs, start_agents
 
 
@@ -53,6 +53,7 @@ class LoadResult:
     history_length: int
     reports_sent: int
     window_spread: bool = True
+    redis_nodes: int = 1  # more than one: a Redis Cluster
     samples: list[Sample] = field(default_factory=list)
     drain_s: float | None = None
     # After the load stops, each second: (seconds since, lag per topic, decisions so far): where a drain waits.
@@ -170,6 +171,7 @@ def run(
     speedup: float = 1.0,
     window_spread: bool = True,
     drain_limit_s: float = 300.0,
+    redis_nodes: int = 1,
     workdir: Path | None = None,
     console: Console | None = None,
 ) -> LoadResult:
@@ -177,15 +179,18 @@ def run(
     workdir = workdir or Path(f".autoscaler/bench-load-{uuid.uuid4().hex[:6]}")
     workdir.mkdir(parents=True, exist_ok=True)
     broker = start_broker(log_path=workdir / "broker.log")
-    redis_server = start_redis(log_path=workdir / "redis.log")
-    settings = isolated_settings(broker.port, redis_server.port, f"load{uuid.uuid4().hex[:4]}",
+    # One redis-server, or a Redis Cluster of `redis_nodes` primaries.
+    redis_servers = [start_redis(log_path=workdir / "redis.log")] if redis_nodes == 1 else \
+        start_redis_cluster(redis_nodes, workdir / "redis-cluster")
+    settings = isolated_settings(broker.port, redis_servers[0].port, f"load{uuid.uuid4().hex[:4]}",
                                  f"load-{uuid.uuid4().hex[:6]}", 10.0).model_copy(
-        update={"topic_partitions": 8, "history_length": history_length, "window_spread": window_spread})
+        update={"topic_partitions": 8, "history_length": history_length, "window_spread": window_spread,
+                "redis_cluster": redis_nodes > 1})
     names = [f"load-{i:04d}" for i in range(jobs)]
     agents: list[AgentWorker] = []
     processes: list[Popen[bytes]] = []
     result = LoadResult(jobs=jobs, minutes=minutes, speedup=speedup, workers=workers, history_length=history_length,
-                        reports_sent=0, window_spread=window_spread)
+                        reports_sent=0, window_spread=window_spread, redis_nodes=redis_nodes)
     try:
         ensure_topics(settings)
         register_jobs(settings, names, mode="recommend")
@@ -196,7 +201,7 @@ def run(
         processes = [worker.process for worker in agents]
         time.sleep(12)  # the consumer group settles (joins wait for the rebalance timeout)
         probe = LagProbe(settings, settings.app_id)
-        store = redis.Redis(host="127.0.0.1", port=redis_server.port)
+        stores = [redis.Redis(host="127.0.0.1", port=server.port) for server in redis_servers]
         producer = Producer({**kafka_client_config(settings), "linger.ms": 20, "batch.num.messages": 2000,
                              "queue.buffering.max.messages": 2_000_000})
         topic = settings.topics.metrics
@@ -220,7 +225,7 @@ def run(
                 result.behind_s = max(result.behind_s, -wait)
             if second / speedup >= next_sample:
                 next_sample += sample_s
-                sample = take_sample(round(second / speedup), result.reports_sent, probe, processes, store, ports)
+                sample = take_sample(round(second / speedup), result.reports_sent, probe, processes, stores, ports)
                 result.samples.append(sample)
                 console.print(f"{second:5d} s  lag {sample.lag:7d}  rss {sample.worker_rss_mb}  "
                               f"redis {sample.redis_used_mb:7.1f} MB  decisions {sample.decisions}")
@@ -231,7 +236,7 @@ def run(
             if time.time() >= next_sample:
                 next_sample += sample_s
                 result.drain_samples.append(take_sample(round(time.time() - began), result.reports_sent, probe,
-                                                        processes, store, ports))
+                                                        processes, stores, ports))
             left = probe.lag()
             result.drain_trace.append((round(time.time() - stopped, 1), short_topics(left), decisions_made(ports)))
             if sum(left.values()) == 0:
@@ -244,7 +249,7 @@ def run(
         # Windows the reports closed: every window from the first report's to the last one's, which stays open.
         result.windows_expected = sum(windows_closed(first_second + 1, first_second + seconds, settings, job)
                                       for job in names)
-        result.samples.append(take_sample(round(seconds / speedup), result.reports_sent, probe, processes, store,
+        result.samples.append(take_sample(round(seconds / speedup), result.reports_sent, probe, processes, stores,
                                           ports))
         probe.close()
         dead = [p.pid for p in processes if p.poll() is not None]
@@ -254,7 +259,8 @@ def run(
         for worker in agents:
             worker.stop()
         broker.stop()
-        redis_server.stop()
+        for server in redis_servers:
+            server.stop()
     return result
 
 
@@ -274,10 +280,12 @@ def short_topics(by_topic: dict[str, int]) -> dict[str, int]:
     return {k.rsplit(".", 1)[-1]: v for k, v in by_topic.items()}
 
 
-def take_sample(second: int, sent: int, probe: LagProbe, processes: list, store: redis.Redis,  # type: ignore[type-arg]
-                ports: list[int]) -> Sample:
+def take_sample(second: int, sent: int, probe: LagProbe, processes: list,
+                stores: list[redis.Redis], ports: list[int]) -> Sample:  # type: ignore[type-arg]
+    """The lag, the workers' memory, Redis's (summed over a cluster's nodes) and the decisions so far."""
     by_topic = probe.lag()
-    memory = store.info("memory")
+    nodes = [store.info("memory") for store in stores]
+    memory = {name: sum(int(node[name]) for node in nodes) for name in ("used_memory", "used_memory_dataset")}
     return Sample(
         at_s=float(second), reports_sent=sent, lag=sum(by_topic.values()),
         lag_by_topic=short_topics(by_topic),
