@@ -3,6 +3,8 @@ broker and Redis (`tests.support.load.run`).
 
     python -m bench.load --jobs 1000 --minutes 10              # real time, 1,000 reports/s
     python -m bench.load --jobs 1000 --minutes 10 --speedup 3  # the same reports in 200 s, 3,000/s
+    python -m bench.load --jobs 1000 --workers 3 --kill-at-s 60  # one of three workers killed at 60 s
+    python -m bench.load --jobs 1000 --redis-nodes 3           # the knowledge on a Redis Cluster of 3
 
 Prints the samples (lag, worker and Redis memory, decisions, every 10 s) and a summary; writes JSON.
 """
@@ -52,12 +54,13 @@ def main(
     window_spread: Annotated[bool, typer.Option(help="Each job's windows at a phase of its own (the setting).")] = True,
     drain_limit_s: Annotated[float, typer.Option(min=0, help="How long to wait for the drain after the load.")] = 300.0,
     redis_nodes: Annotated[int, typer.Option(min=1, help="1: a redis-server; more: a Redis Cluster of as many.")] = 1,
+    kill_at_s: Annotated[float | None, typer.Option(help="Kill one worker (SIGKILL) this long into the load.")] = None,
     out: Annotated[Path, typer.Option(help="JSON results file.")] = RESULTS / "load.json",
 ) -> None:
     console = Console()
     result = run(jobs=jobs, minutes=minutes, workers=workers, history_length=history_length, speedup=speedup,
                  window_spread=window_spread, drain_limit_s=drain_limit_s,
-                 redis_nodes=redis_nodes, console=console)
+                 redis_nodes=redis_nodes, kill_at_s=kill_at_s, console=console)
     print_table(result, console)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**asdict(result), "summary": result.summary()}, indent=2))

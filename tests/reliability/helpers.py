@@ -122,7 +122,8 @@ class TopicLog:
             "enable.auto.commit": False, "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100,
         })
         self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(settings.topic_partitions)])
-        self.records: list[tuple[bytes | None, bytes, float]] = []
+        self.records: list[tuple[bytes | None, bytes, float]] = []  # key, value, when read
+        self.published: list[float] = []  # beside each record: its timestamp on the broker (s)
 
     def poll(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -130,6 +131,16 @@ class TopicLog:
             for msg in self.consumer.consume(500, 0.1):
                 if msg.error() is None:
                     self.records.append((msg.key(), msg.value(), time.time()))
+                    self.published.append(msg.timestamp()[1] / 1000)
+
+    def read_all(self, quiet_s: float = 3.0, limit_s: float = 120.0) -> None:
+        """Read until nothing new has come for `quiet_s` (at most `limit_s`)."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            before = len(self.records)
+            self.poll(quiet_s)
+            if len(self.records) == before:
+                return
 
     def close(self) -> None:
         self.consumer.close()

@@ -12,11 +12,13 @@ the load stops, how long the agents take to drain what is left. Job histories ar
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 import urllib.request
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from subprocess import Popen
 
@@ -65,6 +67,9 @@ class LoadResult:
     windows_expected: int = 0
     decision_latency_p99_s: float | None = None
     behind_s: float = 0.0  # how far the producer fell behind its schedule (the bench machine's limit)
+    # With a worker killed (`kill_at_s`): when, and what the decisions topic shows.
+    killed_at_s: float | None = None
+    takeover: Takeover | None = None
 
     @property
     def max_lag(self) -> int:
@@ -94,7 +99,37 @@ class LoadResult:
             "windows_expected": self.windows_expected,
             "decision_latency_p99_s": self.decision_latency_p99_s,
             "producer_behind_s": round(self.behind_s, 1),
+            **({} if self.takeover is None else {f"kill_{k}": v for k, v in asdict(self.takeover).items()}),
         }
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """What a worker killed under load cost, read from the decisions topic: windows never decided, windows
+    decided more than once (a redelivery publishes the committed decision again, same id), and how long the
+    jobs it held went without a decision (the longest gap between a job's decisions across the kill, less
+    one window: the group's rebalance and the survivors' catching up)."""
+
+    windows_lost: int
+    decisions_repeated: int
+    jobs_interrupted: int  # jobs whose decisions stopped for more than 1.5 windows across the kill
+    longest_gap_s: float
+    median_gap_s: float  # over the interrupted jobs
+
+
+def takeover(decided: dict[str, list[tuple[float, float]]], expected: dict[str, list[float]], killed_at: float,
+             interval_s: float) -> Takeover:
+    """`decided`: per job, (window end, published at) of every decision on the topic; `expected`: per job,
+    the window ends its reports closed; `killed_at`: the wall time of the kill."""
+    lost = sum(len(set(ends) - {end for end, _ in decided.get(job, [])}) for job, ends in expected.items())
+    repeated = sum(len(rows) - len({end for end, _ in rows}) for rows in decided.values())
+    gaps = []
+    for rows in decided.values():
+        times = sorted(at for _, at in rows)
+        spanning = [b - a for a, b in pairwise(times) if a <= killed_at < b]
+        gaps += [gap - interval_s for gap in spanning if gap > 1.5 * interval_s]
+    return Takeover(lost, repeated, len(gaps), round(max(gaps, default=0.0), 1),
+                    round(statistics.median(gaps), 1) if gaps else 0.0)
 
 
 def rss_mb(pid: int) -> float:
@@ -172,9 +207,12 @@ def run(
     window_spread: bool = True,
     drain_limit_s: float = 300.0,
     redis_nodes: int = 1,
+    kill_at_s: float | None = None,
     workdir: Path | None = None,
     console: Console | None = None,
 ) -> LoadResult:
+    """See the module's docstring. With `kill_at_s`, the first worker is killed (SIGKILL) that many seconds
+    into the load, and the decisions topic is read at the end for what that cost (`Takeover`)."""
     console = console or Console()
     workdir = workdir or Path(f".autoscaler/bench-load-{uuid.uuid4().hex[:6]}")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -210,6 +248,7 @@ def run(
         # Metric time ends at the wall clock: compressed reports must not come from the future.
         first_second = int(began + seconds / speedup) - seconds
         next_sample = sample_s
+        killed_wall = 0.0
         console.print(f"{jobs} jobs x 1 report/s for {minutes:g} min of metric time at {speedup:g}x, "
                       f"{workers} worker(s), history {history_length}")
         for second in range(1, seconds + 1):
@@ -223,6 +262,11 @@ def run(
                 time.sleep(wait)
             else:
                 result.behind_s = max(result.behind_s, -wait)
+            if kill_at_s is not None and result.killed_at_s is None and second / speedup >= kill_at_s:
+                agents[0].process.kill()  # the others carry on: they are sampled and scraped from now on
+                killed_wall, result.killed_at_s = time.time(), round(second / speedup, 1)
+                processes, ports = processes[1:], ports[1:]
+                console.print(f"{second:5d} s  killed worker {agents[0].process.pid}")
             if second / speedup >= next_sample:
                 next_sample += sample_s
                 sample = take_sample(round(second / speedup), result.reports_sent, probe, processes, stores, ports)
@@ -252,6 +296,12 @@ def run(
         result.samples.append(take_sample(round(seconds / speedup), result.reports_sent, probe, processes, stores,
                                           ports))
         probe.close()
+        if result.killed_at_s is not None:
+            expected = {job: closed_window_ends(first_second + 1, first_second + seconds, settings.loop_interval_s,
+                                                phase_for(job, settings.loop_interval_s, settings.window_spread))
+                        for job in names}
+            result.takeover = takeover(decisions_on_topic(settings), expected, killed_wall, settings.loop_interval_s)
+            result.decisions = sum(len(ends) for ends in expected.values()) - result.takeover.windows_lost
         dead = [p.pid for p in processes if p.poll() is not None]
         if dead:
             raise RuntimeError(f"agent worker(s) {dead} died under load; see {workdir}")
@@ -262,6 +312,22 @@ def run(
         for server in redis_servers:
             server.stop()
     return result
+
+
+def decisions_on_topic(settings: Settings) -> dict[str, list[tuple[float, float]]]:
+    """Per job, (window end, published at) of every decision on the decisions topic."""
+    from tests.reliability.helpers import TopicLog
+
+    log = TopicLog(settings, settings.topics.decisions)
+    try:
+        log.read_all()
+    finally:
+        log.close()
+    decided: dict[str, list[tuple[float, float]]] = {}
+    for (_, value, _), at in zip(log.records, log.published, strict=True):
+        decision = json.loads(value)
+        decided.setdefault(decision["job_id"], []).append((float(decision["window_end"]), at))
+    return decided
 
 
 def windows_closed(first: float, last: float, settings: Settings, job: str) -> int:

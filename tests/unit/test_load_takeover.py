@@ -1,0 +1,22 @@
+"""What a worker killed under load cost (tests/support/load.takeover), by example."""
+
+from __future__ import annotations
+
+from tests.support.load import Takeover, takeover
+
+
+def test_takeover_counts_lost_and_repeated_windows_and_the_gap_across_the_kill() -> None:
+    decided = {
+        # Decided on time throughout, one decision published twice (a redelivery).
+        "a": [(10.0, 5.0), (20.0, 15.0), (20.0, 16.0), (30.0, 25.0), (40.0, 35.0)],
+        # Its worker killed at 20: nothing from 15 to 45, and the window ending at 30 never decided.
+        "b": [(10.0, 5.0), (20.0, 15.0), (40.0, 45.0)],
+    }
+    expected = {"a": [10.0, 20.0, 30.0, 40.0], "b": [10.0, 20.0, 30.0, 40.0]}
+    assert takeover(decided, expected, killed_at=20.0, interval_s=10.0) == Takeover(
+        windows_lost=1, decisions_repeated=1, jobs_interrupted=1, longest_gap_s=20.0, median_gap_s=20.0)
+
+
+def test_no_gap_no_loss_when_every_job_goes_on() -> None:
+    decided = {"a": [(10.0, 5.0), (20.0, 15.0), (30.0, 25.0)]}
+    assert takeover(decided, {"a": [10.0, 20.0, 30.0]}, killed_at=18.0, interval_s=10.0) == Takeover(0, 0, 0, 0.0, 0.0)
