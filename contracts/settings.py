@@ -245,7 +245,6 @@ def settings_env(settings: Settings) -> dict[str, str]:
     env = {
         "AUTOSCALER_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "AUTOSCALER_REDIS_URL": settings.redis_url,
-        "AUTOSCALER_REDIS_CLUSTER": str(settings.redis_cluster).lower(),
         "AUTOSCALER_TOPIC_PARTITIONS": str(settings.topic_partitions),
         "AUTOSCALER_APP_ID": settings.app_id,
         "AUTOSCALER_WEB_PORT": str(settings.web_port),
@@ -257,6 +256,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     }
     for name, topic in settings.topics.model_dump().items():
         env[f"AUTOSCALER_TOPICS__{name.upper()}"] = topic
+    if settings.redis_cluster:
+        env["AUTOSCALER_REDIS_CLUSTER"] = "true"
     # Security settings only when set, so a child keeps today's defaults otherwise. Secrets go by
     # environment: not on the command line, where any user could read them in the process list.
     optional: dict[str, str | SecretStr | None] = {

@@ -1,6 +1,6 @@
 """Load: 300 jobs, each reporting every second, through two agent workers on their own broker and
 Redis (bench/load.py). The agents keep up, decide every window once, and their memory, and Redis's,
-level off.
+level off. And the same agents with their knowledge on a Redis Cluster of three nodes.
 
 This is the correctness check under a sustained load, sized so that the agents keep up with margin on
 2 cores shared with the broker, Redis and the load generator. How many jobs a machine carries is a
