@@ -1,6 +1,6 @@
 """Load: 300 jobs, each reporting every second, through two agent workers on their own broker and
 Redis (bench/load.py). The agents keep up, decide every window once, and their memory, and Redis's,
-level off. And the same agents with their knowledge on a Redis Cluster of three nodes.
+level off.
 
 This is the correctness check under a sustained load, sized so that the agents keep up with margin on
 2 cores shared with the broker, Redis and the load generator. How many jobs a machine carries is a
@@ -55,13 +55,3 @@ def test_jobs_reporting_every_second_are_kept_up_with_in_bounded_memory(tmp_path
     assert max(s.redis_dataset_mb for s in late) <= 1.05 * max(s.redis_dataset_mb for s in settled), \
         [(s.at_s, s.decisions, s.redis_used_mb, s.redis_dataset_mb) for s in memory]
 
-
-def test_the_agents_on_a_redis_cluster_decide_every_window_once(tmp_path: Path) -> None:
-    # The same agents with their knowledge on a Redis Cluster of three nodes (AUTOSCALER_REDIS_CLUSTER):
-    # every stage's reads, commits and shared keys work across the nodes, and nothing is lost or doubled.
-    result = run(jobs=100, minutes=1.0, workers=2, history_length=10, sample_s=10.0, redis_nodes=3,
-                 drain_limit_s=120.0, workdir=tmp_path, console=Console(quiet=True))
-    assert result.drain_s is not None, result.drain_trace
-    assert result.windows_expected >= 100 * 5
-    assert result.decisions == result.windows_expected
-    assert result.samples[-1].redis_dataset_mb > 0  # the knowledge is on the cluster's nodes
