@@ -18,8 +18,9 @@ from tests.unit.test_window_state import STORED as STORED_WINDOW
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=[c.__name__ for c in CHECKS])
-def test_redis_knowledge(check: Check, settings: Settings) -> None:
+def run_check(check: Check, settings: Settings) -> None:
+    """One shared check on a fresh job, against the Redis the settings name (one server or a cluster)."""
+
     async def go() -> None:
         # A key prefix of its own: the quota and the counters are shared by every job under a prefix.
         knowledge = RedisKnowledge(settings.model_copy(update={"history_length": 20}),
@@ -32,6 +33,11 @@ def test_redis_knowledge(check: Check, settings: Settings) -> None:
             await knowledge.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=[c.__name__ for c in CHECKS])
+def test_redis_knowledge(check: Check, settings: Settings) -> None:
+    run_check(check, settings)
 
 
 def test_a_plan_state_stored_the_old_way_is_read_and_migrated_once(settings: Settings) -> None:

@@ -16,6 +16,7 @@ from contracts.settings import Settings
 from knowledge import RedisKnowledge
 from monitor.windows import add_report
 from stack.processes import Service, start_redis_cluster
+from tests.integration.test_knowledge_redis import run_check
 from tests.knowledge_contract import CHECKS, OPEN_WINDOW_REPORT, Check
 
 pytestmark = pytest.mark.integration
@@ -36,16 +37,7 @@ def cluster_settings(cluster: list[Service]) -> Settings:
 
 @pytest.mark.parametrize("check", CHECKS, ids=[c.__name__ for c in CHECKS])
 def test_redis_cluster_knowledge(check: Check, cluster_settings: Settings) -> None:
-    async def go() -> None:
-        knowledge = RedisKnowledge(cluster_settings, prefix=f"test-{uuid.uuid4().hex[:6]}")
-        job = f"job-{uuid.uuid4().hex[:6]}"
-        try:
-            await check(knowledge, job)
-        finally:
-            await knowledge.unregister_job(job)
-            await knowledge.close()
-
-    asyncio.run(go())
+    run_check(check, cluster_settings)
 
 
 def test_a_jobs_keys_share_a_slot_and_jobs_spread_over_the_nodes(cluster: list[Service],

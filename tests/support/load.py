@@ -291,17 +291,16 @@ def run(
         result.decisions = int(sum(counter_total(lines, "autoscaler_decisions_total") for lines in scrapes))
         result.decision_latency_p99_s = histogram_quantile(scrapes, "autoscaler_window_to_decision_seconds", 0.99)
         # Windows the reports closed: every window from the first report's to the last one's, which stays open.
-        result.windows_expected = sum(windows_closed(first_second + 1, first_second + seconds, settings, job)
-                                      for job in names)
+        interval = settings.loop_interval_s
+        expected = {job: closed_window_ends(first_second + 1, first_second + seconds, interval,
+                                            phase_for(job, interval, settings.window_spread)) for job in names}
+        result.windows_expected = sum(len(ends) for ends in expected.values())
         result.samples.append(take_sample(round(seconds / speedup), result.reports_sent, probe, processes, stores,
                                           ports))
         probe.close()
         if result.killed_at_s is not None:
-            expected = {job: closed_window_ends(first_second + 1, first_second + seconds, settings.loop_interval_s,
-                                                phase_for(job, settings.loop_interval_s, settings.window_spread))
-                        for job in names}
-            result.takeover = takeover(decisions_on_topic(settings), expected, killed_wall, settings.loop_interval_s)
-            result.decisions = sum(len(ends) for ends in expected.values()) - result.takeover.windows_lost
+            result.takeover = takeover(decisions_on_topic(settings), expected, killed_wall, interval)
+            result.decisions = result.windows_expected - result.takeover.windows_lost
         dead = [p.pid for p in processes if p.poll() is not None]
         if dead:
             raise RuntimeError(f"agent worker(s) {dead} died under load; see {workdir}")
@@ -328,12 +327,6 @@ def decisions_on_topic(settings: Settings) -> dict[str, list[tuple[float, float]
         decision = json.loads(value)
         decided.setdefault(decision["job_id"], []).append((float(decision["window_end"]), at))
     return decided
-
-
-def windows_closed(first: float, last: float, settings: Settings, job: str) -> int:
-    """How many of `job`'s windows reports stamped `first` to `last` close (the last one's stays open)."""
-    interval = settings.loop_interval_s
-    return len(closed_window_ends(first, last, interval, phase_for(job, interval, settings.window_spread)))
 
 
 def decisions_made(ports: list[int]) -> int:
