@@ -175,7 +175,11 @@ def decide(
         if after_executed_rescale(analysis.recovery, state):
             notice = recovery_notice(analysis.recovery, state.pending_recovery, state)
             plan = replace(plan, notices=[*plan.notices, notice])
-        if new.pending_recovery == state.pending_recovery:  # unless this window rescales again
+        # The prediction is spent once its own recovery is seen, unless this window rescales again. A
+        # recovery from the rescale before it (seen in a window that closed after the next one was
+        # decided) leaves the next one's prediction waiting for its recovery.
+        pending = state.pending_recovery
+        if new.pending_recovery == pending and (pending is None or pending.to == analysis.recovery.to_parallelism):
             new = new.updated({"pending_recovery": None})
     return new, plan
 

@@ -303,3 +303,19 @@ def test_a_refit_lost_with_its_worker_is_requested_again() -> None:
     again = abandon_retrain(state)
     assert not again.retrain_outstanding and again.retrain_id == 3
     assert policy_class("hybrid").needs_forecast and not policy_class("reactive").needs_forecast
+
+
+def test_a_late_recovery_of_the_rescale_before_keeps_the_next_rescales_prediction() -> None:
+    # 1 -> 3 was recovering when 3 -> 1 was decided; the window that ends the 1 -> 3 recovery closes after
+    # that: the prediction of 3 -> 1 must still be there when its own recovery is seen.
+    pending = PendingRecovery.model_validate({"from": 3, "to": 1, "predicted_s": 13.0, "window_end": 188.0})
+    state = PlanState(parallelism=1, pending_recovery=pending).after_rescale(1, 203.0, 10.0, "down")
+    late = proactive_analysis([120.0] * 90, {"1": 200.0, "3": 600.0}, parallelism=3, recovery=RecoveryView(
+        started_at=68.0, observed_s=111.0, judge="backlog", from_parallelism=1, to_parallelism=3))
+    kept, _ = decide(state, late, cfg(), DaedalusPolicy())
+    assert kept.pending_recovery == pending
+    own = proactive_analysis([120.0] * 90, {"1": 200.0, "3": 600.0}, parallelism=1, recovery=RecoveryView(
+        started_at=193.0, observed_s=2.0, judge="backlog", from_parallelism=3, to_parallelism=1))
+    spent, plan = decide(kept, own, cfg(), DaedalusPolicy())
+    assert spent.pending_recovery is None
+    assert [n.numbers["predicted_s"] for n in plan.notices if n.code == "recovered"] == [13.0]
