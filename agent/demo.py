@@ -42,7 +42,7 @@ JOB = "demo"
 # The product's default. The scale-down after the drop does not wait for it (the arrival level has
 # shifted); a trim of the scale-up's safe-side estimate on the same level does.
 SCALE_DOWN_DELAY_S = 300
-DRAIN_S = 90.0  # after the load ends, at most this long for the backlog to empty
+DRAIN_S = 90.0  # after the load ends, at most this long for the backlog to empty and a recovery to be timed
 # The dashboard's usual port (`autoscaler dashboard`); another when it is taken.
 DASHBOARD_PORT = 8050
 
@@ -104,7 +104,8 @@ def run_demo(settings: Settings, shape: str, cost_ms: float, partitions: int, ma
                 console.print("load finished; draining the backlog")
                 drain_until = time.time() + DRAIN_S
             last = _follow(follow, run, console)
-            if drain_until is not None and last is not None and not last.backlog:
+            # Drained, and the last rescale's recovery timed (for the summary), or out of time.
+            if drain_until is not None and last is not None and not last.backlog and not run.recovery_open():
                 break
         produced = _produced(logs / "load.log")
         if job.name == DEFAULT_WORKLOAD:

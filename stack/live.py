@@ -76,6 +76,11 @@ class LiveRun:
         """The events of `kind`, those from `since` on (epoch seconds) if given."""
         return [e for e in self.events if e.type is kind and (since is None or e.timestamp >= since)]
 
+    def recovery_open(self) -> bool:
+        """Whether the last rescale that completed has not been timed yet: no `recovered` event since."""
+        completed = self.of(EventType.COMPLETED)
+        return bool(completed) and not self.of(EventType.RECOVERED, max(e.timestamp for e in completed))
+
     def recoveries(self, since: float | None = None) -> list[dict[str, float | int | None]]:
         """Each observed recovery after a rescale (from `since` on, if given), with the recovery time
         predicted when it was decided."""

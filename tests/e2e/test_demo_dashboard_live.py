@@ -98,6 +98,7 @@ def test_the_demo_on_its_dashboard(settings: Settings, tmp_path: Path, monkeypat
     # drop, none failed), every record once.
     assert summary["scale_ups"] == 1 and summary["scale_downs"] == 1 and summary["failed"] == 0, output.getvalue()
     assert summary["missing"] == summary["duplicates"] == 0, output.getvalue()
-    # The scale-up's recovery was timed and compared with the recovery predicted when it was decided.
+    # The last rescale's recovery was timed (the demo drains until it is) and compared with the recovery
+    # predicted when it was decided. (The scale-up's is often cut short by the scale-down after the drop.)
     assert any(r["predicted_s"] is not None and r["observed_s"] is not None for r in summary["recoveries"]), \
         output.getvalue()

@@ -93,3 +93,21 @@ def test_the_demo_summary_counts_actions_slot_seconds_and_exactly_once() -> None
     assert (summary["records_in"], summary["records_out"], summary["missing"], summary["duplicates"]) == (5, 5, 0, 0)
     lossy = demo_summary(run, 5, [0, 1, 1, 3], 60)
     assert (lossy["missing"], lossy["duplicates"]) == (2, 1)
+
+
+def test_a_recovery_is_open_from_a_completed_rescale_until_it_is_timed() -> None:
+    from contracts.decisions import EventType, ScalingEvent
+    from stack.live import LiveRun
+
+    def event(kind: EventType, at: float) -> ScalingEvent:
+        return ScalingEvent(decision_id="d", job_id="demo", type=kind, timestamp=at, from_parallelism=1,
+                            to_parallelism=3)
+
+    run = LiveRun(started=0.0)
+    assert not run.recovery_open()  # nothing rescaled
+    run.events += [event(EventType.STARTED, 10.0), event(EventType.COMPLETED, 30.0)]
+    assert run.recovery_open()
+    run.events.append(event(EventType.RECOVERED, 60.0))
+    assert not run.recovery_open()
+    run.events.append(event(EventType.COMPLETED, 90.0))  # a second rescale: its recovery is not the first's
+    assert run.recovery_open()
