@@ -5,7 +5,9 @@ registers `jobs` jobs (mode `recommend`) and sends one report per job per second
 `speedup` times faster than real time. Every `sample_s` it records the agents' consumer lag (records
 published to their input topics and not yet committed by their group, summed over metrics, windows
 and analyses), each worker's resident memory, Redis's used memory and the decisions made so far; after
-the load stops, how long the agents take to drain what is left. Job histories are kept at
+the load stops, how long the agents take to drain what is left. Over the load it measures the CPU each
+part used (the workers, the broker, Redis, and this process, the load generator with its probes) and
+the machine's idle time, in cores: where the machine's cores went. Job histories are kept at
 `history_length` windows, short so that the knowledge base reaches its per-job bound within the run.
 `python -m bench.load` and tests/reliability/test_load.py drive it.
 """
@@ -13,6 +15,7 @@ the load stops, how long the agents take to drain what is left. Job histories ar
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 import urllib.request
@@ -22,6 +25,7 @@ from itertools import pairwise
 from pathlib import Path
 from subprocess import Popen
 
+import psutil
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
 from rich.console import Console
@@ -70,6 +74,9 @@ class LoadResult:
     # With a worker killed (`kill_at_s`): when, and what the decisions topic shows.
     killed_at_s: float | None = None
     takeover: Takeover | None = None
+    # Cores each part used over the load (CPU seconds / wall seconds), and the machine's idle cores;
+    # without the workers' figure when one was killed (its CPU time went with it).
+    cpu_cores: dict[str, float] = field(default_factory=dict)
 
     @property
     def max_lag(self) -> int:
@@ -99,6 +106,7 @@ class LoadResult:
             "windows_expected": self.windows_expected,
             "decision_latency_p99_s": self.decision_latency_p99_s,
             "producer_behind_s": round(self.behind_s, 1),
+            **{f"cpu_cores_{part}": cores for part, cores in self.cpu_cores.items()},
             **({} if self.takeover is None else {f"kill_{k}": v for k, v in asdict(self.takeover).items()}),
         }
 
@@ -130,6 +138,33 @@ def takeover(decided: dict[str, list[tuple[float, float]]], expected: dict[str, 
         gaps += [gap - interval_s for gap in spanning if gap > 1.5 * interval_s]
     return Takeover(lost, repeated, len(gaps), round(max(gaps, default=0.0), 1),
                     round(statistics.median(gaps), 1) if gaps else 0.0)
+
+
+def cpu_seconds(pids: list[int]) -> float | None:
+    """User and system CPU seconds of the processes `pids` and their children; None if one has gone."""
+    try:
+        tree = [psutil.Process(pid) for pid in pids]
+        tree += [child for process in list(tree) for child in process.children(recursive=True)]
+        return sum(t.user + t.system for t in (process.cpu_times() for process in tree))
+    except psutil.NoSuchProcess:
+        return None
+
+
+class CpuMeter:
+    """The CPU each part of a run uses between `start` and `stop`, in cores, and the machine's idle cores."""
+
+    def __init__(self, parts: dict[str, list[int]]):
+        self.parts = parts
+        self.began = (time.monotonic(), psutil.cpu_times().idle, {k: cpu_seconds(v) for k, v in parts.items()})
+
+    def stop(self) -> dict[str, float]:
+        wall = time.monotonic() - self.began[0]
+        cores = {"idle": round((psutil.cpu_times().idle - self.began[1]) / wall, 2)}
+        for part, pids in self.parts.items():
+            before, after = self.began[2][part], cpu_seconds(pids)
+            if before is not None and after is not None:
+                cores[part] = round((after - before) / wall, 2)
+        return cores
 
 
 def rss_mb(pid: int) -> float:
@@ -243,6 +278,8 @@ def run(
         producer = Producer({**kafka_client_config(settings), "linger.ms": 20, "batch.num.messages": 2000,
                              "queue.buffering.max.messages": 2_000_000})
         topic = settings.topics.metrics
+        meter = CpuMeter({"workers": [p.pid for p in processes], "broker": [broker.process.pid],
+                          "redis": [server.process.pid for server in redis_servers], "generator": [os.getpid()]})
         began = time.time()
         seconds = int(minutes * 60)
         # Metric time ends at the wall clock: compressed reports must not come from the future.
@@ -274,6 +311,7 @@ def run(
                 console.print(f"{second:5d} s  lag {sample.lag:7d}  rss {sample.worker_rss_mb}  "
                               f"redis {sample.redis_used_mb:7.1f} MB  decisions {sample.decisions}")
         producer.flush(60)
+        result.cpu_cores = meter.stop()
         stopped = time.time()
         next_sample = time.time() + sample_s
         while time.time() - stopped < drain_limit_s:

@@ -20,3 +20,30 @@ def test_takeover_counts_lost_and_repeated_windows_and_the_gap_across_the_kill()
 def test_no_gap_no_loss_when_every_job_goes_on() -> None:
     decided = {"a": [(10.0, 5.0), (20.0, 15.0), (30.0, 25.0)]}
     assert takeover(decided, {"a": [10.0, 20.0, 30.0]}, killed_at=18.0, interval_s=10.0) == Takeover(0, 0, 0, 0.0, 0.0)
+
+
+def test_the_cpu_meter_says_which_part_used_the_cores() -> None:
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from tests.support.load import CpuMeter
+
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 3\nwhile time.time() < end: pass"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+    gone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+    try:
+        meter = CpuMeter({"busy": [busy.pid], "sleeping": [idle.pid], "gone": [gone.pid]})
+        gone.kill()
+        gone.wait()
+        time.sleep(1.5)
+        cores = meter.stop()
+    finally:
+        for process in (busy, idle):
+            process.kill()
+            process.wait()
+    assert cores["busy"] > 0.5 and cores["sleeping"] < 0.1, cores
+    assert "gone" not in cores  # a part that went has no figure
+    assert 0 <= cores["idle"] <= (psutil.cpu_count() or 1), cores  # the machine's idle cores
