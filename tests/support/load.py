@@ -140,28 +140,33 @@ def takeover(decided: dict[str, list[tuple[float, float]]], expected: dict[str, 
                     round(statistics.median(gaps), 1) if gaps else 0.0)
 
 
-def cpu_seconds(pids: list[int]) -> float | None:
-    """User and system CPU seconds of the processes `pids` and their children; None if one has gone."""
+def cpu_seconds(pids: list[int], children: bool = True) -> float | None:
+    """User and system CPU seconds of the processes `pids` (and their children, unless told not to: a
+    process that started the others); None if one has gone."""
     try:
         tree = [psutil.Process(pid) for pid in pids]
-        tree += [child for process in list(tree) for child in process.children(recursive=True)]
+        if children:
+            tree += [child for process in list(tree) for child in process.children(recursive=True)]
         return sum(t.user + t.system for t in (process.cpu_times() for process in tree))
     except psutil.NoSuchProcess:
         return None
 
 
 class CpuMeter:
-    """The CPU each part of a run uses between `start` and `stop`, in cores, and the machine's idle cores."""
+    """The CPU each part of a run uses from its creation to `stop`, in cores, and the machine's idle cores.
+    A part is processes with their children; `alone` names the parts counted without theirs (the process
+    that started the other parts)."""
 
-    def __init__(self, parts: dict[str, list[int]]):
-        self.parts = parts
-        self.began = (time.monotonic(), psutil.cpu_times().idle, {k: cpu_seconds(v) for k, v in parts.items()})
+    def __init__(self, parts: dict[str, list[int]], alone: tuple[str, ...] = ()):
+        self.parts, self.alone = parts, alone
+        self.began = (time.monotonic(), psutil.cpu_times().idle,
+                      {k: cpu_seconds(v, k not in alone) for k, v in parts.items()})
 
     def stop(self) -> dict[str, float]:
         wall = time.monotonic() - self.began[0]
         cores = {"idle": round((psutil.cpu_times().idle - self.began[1]) / wall, 2)}
         for part, pids in self.parts.items():
-            before, after = self.began[2][part], cpu_seconds(pids)
+            before, after = self.began[2][part], cpu_seconds(pids, part not in self.alone)
             if before is not None and after is not None:
                 cores[part] = round((after - before) / wall, 2)
         return cores
@@ -279,7 +284,8 @@ def run(
                              "queue.buffering.max.messages": 2_000_000})
         topic = settings.topics.metrics
         meter = CpuMeter({"workers": [p.pid for p in processes], "broker": [broker.process.pid],
-                          "redis": [server.process.pid for server in redis_servers], "generator": [os.getpid()]})
+                          "redis": [server.process.pid for server in redis_servers], "generator": [os.getpid()]},
+                         alone=("generator",))
         began = time.time()
         seconds = int(minutes * 60)
         # Metric time ends at the wall clock: compressed reports must not come from the future.

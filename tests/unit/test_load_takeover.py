@@ -23,6 +23,7 @@ def test_no_gap_no_loss_when_every_job_goes_on() -> None:
 
 
 def test_the_cpu_meter_says_which_part_used_the_cores() -> None:
+    import os
     import subprocess
     import sys
     import time
@@ -35,7 +36,8 @@ def test_the_cpu_meter_says_which_part_used_the_cores() -> None:
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
     gone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
     try:
-        meter = CpuMeter({"busy": [busy.pid], "sleeping": [idle.pid], "gone": [gone.pid]})
+        meter = CpuMeter({"busy": [busy.pid], "sleeping": [idle.pid], "gone": [gone.pid], "parent": [os.getpid()],
+                          "parent alone": [os.getpid()]}, alone=("parent alone",))
         gone.kill()
         gone.wait()
         time.sleep(1.5)
@@ -46,4 +48,5 @@ def test_the_cpu_meter_says_which_part_used_the_cores() -> None:
             process.wait()
     assert cores["busy"] > 0.5 and cores["sleeping"] < 0.1, cores
     assert "gone" not in cores  # a part that went has no figure
+    assert cores["parent"] > 0.5 > cores["parent alone"], cores  # the busy child counts with its parent only
     assert 0 <= cores["idle"] <= (psutil.cpu_count() or 1), cores  # the machine's idle cores
