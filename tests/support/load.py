@@ -7,7 +7,8 @@ published to their input topics and not yet committed by their group, summed ove
 and analyses), each worker's resident memory, Redis's used memory and the decisions made so far; after
 the load stops, how long the agents take to drain what is left. Over the load it measures the CPU each
 part used (the workers, the broker, Redis, and this process, the load generator with its probes) and
-the machine's idle time, in cores: where the machine's cores went. Job histories are kept at
+the machine's idle time, in cores: where the machine's cores went. At the end it reads the decisions
+topic for how long each window waited from its close to its decision (`decision_latencies`). Job histories are kept at
 `history_length` windows, short so that the knowledge base reaches its per-job bound within the run.
 `python -m bench.load` and tests/reliability/test_load.py drive it.
 """
@@ -15,6 +16,7 @@ the machine's idle time, in cores: where the machine's cores went. Job histories
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
@@ -25,6 +27,7 @@ from itertools import pairwise
 from pathlib import Path
 from subprocess import Popen
 
+import numpy as np
 import psutil
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -69,7 +72,6 @@ class LoadResult:
     drain_samples: list[Sample] = field(default_factory=list)
     decisions: int = 0
     windows_expected: int = 0
-    decision_latency_p99_s: float | None = None
     behind_s: float = 0.0  # how far the producer fell behind its schedule (the bench machine's limit)
     # With a worker killed (`kill_at_s`): when, and what the decisions topic shows.
     killed_at_s: float | None = None
@@ -77,6 +79,8 @@ class LoadResult:
     # Cores each part used over the load (CPU seconds / wall seconds), and the machine's idle cores;
     # without the workers' figure when one was killed (its CPU time went with it).
     cpu_cores: dict[str, float] = field(default_factory=dict)
+    # From each window's close to its decision, read from the decisions topic (`decision_latencies`).
+    latency_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def max_lag(self) -> int:
@@ -104,8 +108,8 @@ class LoadResult:
             "redis_dataset_mb_end": round(self.samples[-1].redis_dataset_mb if self.samples else 0.0, 1),
             "decisions": self.decisions,
             "windows_expected": self.windows_expected,
-            "decision_latency_p99_s": self.decision_latency_p99_s,
             "producer_behind_s": round(self.behind_s, 1),
+            **{f"decision_latency_{q}_s": wait for q, wait in self.latency_s.items()},
             **{f"cpu_cores_{part}": cores for part, cores in self.cpu_cores.items()},
             **({} if self.takeover is None else {f"kill_{k}": v for k, v in asdict(self.takeover).items()}),
         }
@@ -186,25 +190,6 @@ def prometheus_lines(port: int) -> list[str]:
 
 def counter_total(lines: list[str], name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name + "{"))
-
-
-def histogram_quantile(lines: list[list[str]], name: str, q: float) -> float | None:
-    """The q-quantile's upper bucket bound, over the workers' histograms summed."""
-    buckets: dict[float, float] = {}
-    for worker in lines:
-        for line in worker:
-            if line.startswith(name + "_bucket{"):
-                bound = line.split('le="', 1)[1].split('"', 1)[0]
-                value = float(line.rsplit(" ", 1)[1])
-                key = float("inf") if bound == "+Inf" else float(bound)
-                buckets[key] = buckets.get(key, 0.0) + value
-    if not buckets or buckets.get(float("inf"), 0.0) == 0:
-        return None
-    total = buckets[float("inf")]
-    for bound in sorted(buckets):
-        if buckets[bound] >= q * total:
-            return bound
-    return None
 
 
 class LagProbe:
@@ -333,7 +318,6 @@ def run(
             time.sleep(1.0)
         scrapes = [prometheus_lines(port) for port in ports]
         result.decisions = int(sum(counter_total(lines, "autoscaler_decisions_total") for lines in scrapes))
-        result.decision_latency_p99_s = histogram_quantile(scrapes, "autoscaler_window_to_decision_seconds", 0.99)
         # Windows the reports closed: every window from the first report's to the last one's, which stays open.
         interval = settings.loop_interval_s
         expected = {job: closed_window_ends(first_second + 1, first_second + seconds, interval,
@@ -342,8 +326,11 @@ def run(
         result.samples.append(take_sample(round(seconds / speedup), result.reports_sent, probe, processes, stores,
                                           ports))
         probe.close()
+        decided = decision_times(settings)
+        result.latency_s = decision_latencies(decided)
         if result.killed_at_s is not None:
-            result.takeover = takeover(decisions_on_topic(settings), expected, killed_wall, interval)
+            result.takeover = takeover({job: [(end, at) for end, at, _ in rows] for job, rows in decided.items()},
+                                       expected, killed_wall, interval)
             result.decisions = result.windows_expected - result.takeover.windows_lost
         dead = [p.pid for p in processes if p.poll() is not None]
         if dead:
@@ -357,8 +344,8 @@ def run(
     return result
 
 
-def decisions_on_topic(settings: Settings) -> dict[str, list[tuple[float, float]]]:
-    """Per job, (window end, published at) of every decision on the decisions topic."""
+def decision_times(settings: Settings) -> dict[str, list[tuple[float, float, float]]]:
+    """Per job, (window end, published at, window closed at) of every decision on the decisions topic."""
     from tests.reliability.helpers import TopicLog
 
     log = TopicLog(settings, settings.topics.decisions)
@@ -369,8 +356,23 @@ def decisions_on_topic(settings: Settings) -> dict[str, list[tuple[float, float]
     decided: dict[str, list[tuple[float, float]]] = {}
     for (_, value, _), at in zip(log.records, log.published, strict=True):
         decision = json.loads(value)
-        decided.setdefault(decision["job_id"], []).append((float(decision["window_end"]), at))
+        decided.setdefault(decision["job_id"], []).append(
+            (float(decision["window_end"]), at, float(decision["closed_at"])))
     return decided
+
+
+def decision_latencies(decided: dict[str, list[tuple[float, float, float]]]) -> dict[str, float]:
+    """From a window's close to its decision's first publication (a republished decision is not a later
+    one), over every window decided: the median, the 99th percentile and the longest, in seconds."""
+    first: dict[tuple[str, float], float] = {}
+    for job, rows in decided.items():
+        for end, at, closed in rows:
+            first[(job, end)] = min(first.get((job, end), math.inf), at - closed)
+    if not first:
+        return {}
+    waits = np.array(list(first.values()))
+    return {"p50": round(float(np.quantile(waits, 0.5)), 2), "p99": round(float(np.quantile(waits, 0.99)), 2),
+            "max": round(float(waits.max()), 2)}
 
 
 def decisions_made(ports: list[int]) -> int:

@@ -50,3 +50,14 @@ def test_the_cpu_meter_says_which_part_used_the_cores() -> None:
     assert "gone" not in cores  # a part that went has no figure
     assert cores["parent"] > 0.5 > cores["parent alone"], cores  # the busy child counts with its parent only
     assert 0 <= cores["idle"] <= (psutil.cpu_count() or 1), cores  # the machine's idle cores
+
+
+def test_decision_latency_counts_each_windows_first_decision() -> None:
+    from tests.support.load import decision_latencies
+
+    decided = {  # (window end, published at, closed at)
+        "a": [(10.0, 11.5, 11.0), (20.0, 21.5, 21.0), (20.0, 40.0, 21.0)],  # republished 19 s later: not a wait
+        "b": [(10.0, 14.0, 11.0)],
+    }
+    assert decision_latencies(decided) == {"p50": 0.5, "p99": 2.95, "max": 3.0}
+    assert decision_latencies({}) == {}
