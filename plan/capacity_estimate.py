@@ -113,22 +113,24 @@ def capacities(known: dict[str, Measured], max_parallelism: int, noise_cv: float
         exponent = float(np.clip(np.polyfit(x, y, 1)[0], *EXPONENT_RANGE))
     else:
         exponent = EXPONENT_PRIOR
+    # Every p at once: a row per p, a column per measured parallelism and a last one for the plan (weight 0
+    # where none is planned at p, which adds exactly nothing to the sums).
     q = np.array([p for p, _ in points], dtype=float)
     c = np.array([m.capacity for _, m in points])
     n = np.array([m.effective for _, m in points], dtype=float)
-    for p in range(1, max_parallelism + 1):
-        k = np.where(p > q, exponent, 1.0)
-        estimates = c * (p / q) ** k
-        variances = noise_cv**2 / n + (np.log2(p / q) * EXTRAPOLATION_ERROR) ** 2
-        if p in planned:
-            estimates = np.append(estimates, planned[p])
-            variances = np.append(variances, planned_error**2)
-        if not estimates.size:
-            continue  # nothing measured and nothing planned at p
-        weights = 1 / np.maximum(variances, 1e-12)
-        estimate = float((weights * estimates).sum() / weights.sum())
-        relative = math.sqrt(1 / weights.sum())
-        out[p] = estimate * max(0.5, 1 - z * relative)
+    ps = np.arange(1, max_parallelism + 1, dtype=float)[:, None]
+    ratio = ps / q
+    estimates = np.empty((max_parallelism, q.size + 1))
+    weights = np.zeros_like(estimates)
+    estimates[:, :-1] = c * ratio ** np.where(ps > q, exponent, 1.0)
+    weights[:, :-1] = 1 / np.maximum(noise_cv**2 / n + (np.log2(ratio) * EXTRAPOLATION_ERROR) ** 2, 1e-12)
+    estimates[:, -1] = [planned.get(p, 0.0) for p in range(1, max_parallelism + 1)]
+    weights[:, -1] = [1 / max(planned_error**2, 1e-12) if p in planned else 0.0 for p in range(1, max_parallelism + 1)]
+    total = weights.sum(axis=1)
+    known_at = total > 0  # nothing measured and nothing planned at p: 0
+    estimate = (weights * estimates).sum(axis=1)[known_at] / total[known_at]
+    relative = np.sqrt(1 / total[known_at])
+    out[1:][known_at] = estimate * np.maximum(0.5, 1 - z * relative)
     return np.maximum.accumulate(out)
 
 

@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from contracts.analyses import Analysis, ForecastView
 from plan.capacity_estimate import Measured, capacities
@@ -93,3 +95,38 @@ def test_the_expected_rates_follow_the_point_forecast_down_too() -> None:
     assert expected[0] == 200.0  # before the forecast's first point: the level
     assert expected[1:].tolist() == pytest.approx([175.0, 125.0, 100.0])  # the point forecast at the steps' middles
     assert (planned_rates(200.0, falling, 0.0, 4, 60.0, trusted=False, floor=False) == 200.0).all()
+
+
+def capacities_one_p_at_a_time(known: dict[str, Measured], top: int, noise_cv: float, z: float,
+                               planned: dict[int, float], planned_error: float) -> np.ndarray:
+    """The pooled estimate at each p on its own (the docstring of `capacities`, written as a loop)."""
+    from plan.capacity_estimate import EXPONENT_PRIOR, EXPONENT_RANGE, EXTRAPOLATION_ERROR, FIT_MIN_WINDOWS
+
+    points = sorted((int(p), m) for p, m in known.items() if m.capacity > 0)
+    planned = {p: c for p, c in planned.items() if 1 <= p <= top and c > 0}
+    out = np.zeros(top + 1)
+    settled = [(p, m) for p, m in points if m.n >= FIT_MIN_WINDOWS]
+    exponent = EXPONENT_PRIOR if len(settled) < 2 else float(np.clip(np.polyfit(
+        np.log([p for p, _ in settled]), np.log([m.capacity for _, m in settled]), 1)[0], *EXPONENT_RANGE))
+    for p in range(1, top + 1):
+        pairs = [(m.capacity * (p / q) ** (exponent if p > q else 1.0),
+                  noise_cv**2 / m.effective + (math.log2(p / q) * EXTRAPOLATION_ERROR) ** 2) for q, m in points]
+        pairs += [(planned[p], planned_error**2)] if p in planned else []
+        if pairs:
+            weights = [1 / max(v, 1e-12) for _, v in pairs]
+            estimate = sum(w * e for w, (e, _) in zip(weights, pairs, strict=True)) / sum(weights)
+            out[p] = estimate * max(0.5, 1 - z * math.sqrt(1 / sum(weights)))
+    return np.maximum.accumulate(out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.integers(1, 64), st.tuples(st.floats(1.0, 1e6), st.integers(1, 400)), max_size=8),
+       st.integers(1, 64), st.floats(0.0, 0.5), st.floats(0.0, 2.0),
+       st.dictionaries(st.integers(-2, 70), st.floats(0.0, 1e6), max_size=4), st.floats(0.0, 0.5))
+def test_capacities_pool_each_p_as_the_docstring_says(points: dict[int, tuple[float, int]], top: int,
+                                                        noise_cv: float, z: float, planned: dict[int, float],
+                                                        planned_error: float) -> None:
+    known = {str(p): Measured(capacity=c, n=n) for p, (c, n) in points.items()}
+    assert np.allclose(capacities(known, top, noise_cv, z, planned, planned_error),
+                       capacities_one_p_at_a_time(known, top, noise_cv, z, planned, planned_error),
+                       rtol=1e-12, atol=0.0)
