@@ -39,7 +39,7 @@ from plan import fleet
 from plan.gates import apply_gates, with_quota
 from plan.guarded import rescale_updates
 from plan.policy import Plan, ScalingPolicy, hold
-from plan.proactive import after_executed_rescale, recovery_notice
+from plan.proactive import after_executed_rescale, predicts, recovery_notice
 from plan.registry import UnknownPolicy, make_policy
 from plan.stateful import StatePartitionCap, with_state_note
 
@@ -175,11 +175,10 @@ def decide(
         if after_executed_rescale(analysis.recovery, state):
             notice = recovery_notice(analysis.recovery, state.pending_recovery, state)
             plan = replace(plan, notices=[*plan.notices, notice])
-        # The prediction is spent once its own recovery is seen, unless this window rescales again. A
-        # recovery from the rescale before it (seen in a window that closed after the next one was
-        # decided) leaves the next one's prediction waiting for its recovery.
+        # The prediction is spent once its own recovery is seen, unless this window rescales again; a
+        # recovery from the rescale before leaves it waiting for its own.
         pending = state.pending_recovery
-        if new.pending_recovery == pending and (pending is None or pending.to == analysis.recovery.to_parallelism):
+        if new.pending_recovery == pending and (pending is None or predicts(pending, analysis.recovery)):
             new = new.updated({"pending_recovery": None})
     return new, plan
 

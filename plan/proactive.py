@@ -126,6 +126,13 @@ def after_executed_rescale(recovery: RecoveryView, state: PlanState) -> bool:
             and state.parallelism == recovery.to_parallelism)
 
 
+def predicts(pending: PendingRecovery, recovery: RecoveryView) -> bool:
+    """Whether `pending` is the prediction of `recovery`'s rescale: the rescale to the parallelism it
+    recovered at. A recovery from the rescale before (seen in a window that closed after the next one
+    was decided) recovered at that rescale's starting point, never at its target."""
+    return pending.to == recovery.to_parallelism
+
+
 def recovery_notice(recovery: RecoveryView, pending: PendingRecovery | None, state: PlanState | None = None
                     ) -> DecisionReason:
     """The `recovered` finding: the observed recovery beside the prediction of the rescale behind it.
@@ -135,7 +142,7 @@ def recovery_notice(recovery: RecoveryView, pending: PendingRecovery | None, sta
     observed time counts from the stop too (`stopped_at` = end - downtime), and the return to normal is
     never before the restart ended; `detected_s` keeps the detector's own figure."""
     predicted, observed, stopped = None, recovery.observed_s, None
-    if pending and pending.to == recovery.to_parallelism:
+    if pending is not None and predicts(pending, recovery):
         predicted = pending.predicted_s
         direction = Direction.of(pending.from_parallelism, pending.to)
         measured = getattr(state.downtimes, direction) if state is not None else []
