@@ -163,14 +163,17 @@ class CpuMeter:
 
     def __init__(self, parts: dict[str, list[int]], alone: tuple[str, ...] = ()):
         self.parts, self.alone = parts, alone
-        self.began = (time.monotonic(), psutil.cpu_times().idle,
-                      {k: cpu_seconds(v, k not in alone) for k, v in parts.items()})
+        self.started, self.idle = time.monotonic(), psutil.cpu_times().idle
+        self.used = self._used()
+
+    def _used(self) -> dict[str, float | None]:
+        return {part: cpu_seconds(pids, part not in self.alone) for part, pids in self.parts.items()}
 
     def stop(self) -> dict[str, float]:
-        wall = time.monotonic() - self.began[0]
-        cores = {"idle": round((psutil.cpu_times().idle - self.began[1]) / wall, 2)}
-        for part, pids in self.parts.items():
-            before, after = self.began[2][part], cpu_seconds(pids, part not in self.alone)
+        wall = time.monotonic() - self.started
+        cores = {"idle": round((psutil.cpu_times().idle - self.idle) / wall, 2)}
+        for part, after in self._used().items():
+            before = self.used[part]
             if before is not None and after is not None:
                 cores[part] = round((after - before) / wall, 2)
         return cores
