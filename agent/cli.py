@@ -115,7 +115,12 @@ def agents(
     from faust.worker import Worker
 
     logging.basicConfig(level=settings.log_level.upper())
-    Worker(faust_app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False).execute_from_commandline()
+    worker = Worker(faust_app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
+    # Faust's start-up spinner, at a level of WARNING or above, sets the root logger to DEBUG so that
+    # it spins on every record: every library's debug call then builds a record that no handler
+    # prints (about 1 % of a worker's time at 3,000 jobs). The level stays the one configured.
+    worker.spinner = None
+    worker.execute_from_commandline()
 
 
 @app.command()
