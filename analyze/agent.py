@@ -69,7 +69,7 @@ class AnalyzeAgent:
             config = reads.config
             learned = kernel.load_learned(reads.learned, config)
             # Plan's record of whether the job's policy plans with a forecast (docs/architecture.md).
-            needs_forecast = reads.plan_state.needs_forecast if window.source is not None else None
+            needs_forecast = reads.needs_forecast if window.source is not None else None
             settings = kernel.forecast_settings(window, config, needs_forecast)
             forecast = stepped = stored = None
             if settings is not None and window.source is not None:

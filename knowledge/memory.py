@@ -209,7 +209,7 @@ class MemoryKnowledge:
     async def analyze_reads(self, job_id: str, window_end: float, fallback: bool) -> AnalyzeReads:
         return AnalyzeReads(
             done=await self.window_done(job_id, "analyze", window_end), config=await self.job_config(job_id),
-            learned=await self.learned(job_id), plan_state=await self.plan_state(job_id),
+            learned=await self.learned(job_id), needs_forecast=(await self.plan_state(job_id)).needs_forecast,
             forecast=StoredForecast(*await self.forecast(job_id)),
             fallback=await self.last_valid_analysis(job_id) if fallback else None,
         )

@@ -121,7 +121,7 @@ class AnalyzeReads:
     done: bool  # the window (or a later one) was committed already
     config: JobConfig
     learned: dict[str, Any] | None
-    plan_state: PlanState
+    needs_forecast: bool | None  # the plan state's field: whether the job's policy plans with a forecast
     forecast: StoredForecast
     fallback: dict[str, Any] | None  # the last valid analysis, when asked for
 
@@ -141,8 +141,9 @@ class WindowReads(Protocol):
     one by one pays a round trip each, and at thousands of jobs those waits are the agents' load."""
 
     async def analyze_reads(self, job_id: str, window_end: float, fallback: bool) -> AnalyzeReads:
-        """Whether analyze committed this window, the job's configuration, learned state, plan state
-        and forecast, and (`fallback`) its last valid analysis, as the single reads return them."""
+        """Whether analyze committed this window, the job's configuration, learned state, whether its
+        policy needs a forecast (the plan state's `needs_forecast`), its forecast, and (`fallback`) its
+        last valid analysis, as the single reads return them."""
         ...
 
     async def plan_reads(self, job_id: str, window_end: float) -> PlanReads:

@@ -1,8 +1,9 @@
 """The Redis knowledge base, part two: what analyze and plan read and commit per window, one round trip each.
 
-A window's reads are one pipeline (a consistent snapshot: MULTI/EXEC), and its commit is one Lua script
-that checks the stage's watermark and writes everything the window taught, so two workers never commit
-one window twice (see `knowledge.protocols.WindowCommits`).
+A window's reads are one Lua script (atomic: a consistent snapshot), and its commit is one that checks
+the stage's watermark and writes everything the window taught, so two workers never commit one window
+twice (see `knowledge.protocols.WindowCommits`). On a single Redis, the scripts of the windows a stage
+handles together go in one pipeline (`knowledge.redis_batch.BatchedScripts`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from contracts.plan_state import PLAN_STATE_VERSION, PlanState
+from redis.commands.core import AsyncScript
+
+from contracts.plan_state import PLAN_STATE_VERSION
 from knowledge.protocols import (
     FALLBACK_SCAN,
     HISTORY,
@@ -23,6 +26,7 @@ from knowledge.protocols import (
     committed,
     last_valid,
 )
+from knowledge.redis_batch import BatchedScripts
 from knowledge.redis_execution import parse_lock
 from knowledge.redis_jobs import OLD_DOWNTIME_LISTS, RedisJobs, current_plan_state, stored_learned
 
@@ -54,19 +58,40 @@ for i = 2 + nh + nv, #KEYS do redis.call('DEL', KEYS[i]) end
 return 1
 """
 
+# A window's reads, each one script (atomic, so a consistent snapshot; all of one job's keys, so one
+# hash slot on a cluster). Analyze: KEYS state, config, learned, forecast, forecast-model, rates; ARGV
+# the watermark field and how many recent analyses to scan (0: none). It reads two fields of the plan
+# state, never the whole of it. Plan: KEYS state, the old downtime lists, config, lock.
+_ANALYZE_READS = """
+local recent = {}
+if tonumber(ARGV[2]) > 0 then recent = redis.call('LRANGE', KEYS[6], 0, tonumber(ARGV[2]) - 1) end
+local fields = redis.call('HMGET', KEYS[1], ARGV[1], 'needs_forecast')
+return {fields[1], fields[2], redis.call('HGETALL', KEYS[2]), redis.call('GET', KEYS[3]),
+        redis.call('GET', KEYS[4]), redis.call('GET', KEYS[5]), recent}
+"""
+_PLAN_READS = """
+return {redis.call('HGETALL', KEYS[1]), redis.call('LRANGE', KEYS[2], 0, -1), redis.call('LRANGE', KEYS[3], 0, -1),
+        redis.call('HGETALL', KEYS[4]), redis.call('GET', KEYS[5])}
+"""
+
 
 def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode()
 
 
-def _hash(raw: dict[bytes, bytes]) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in raw.items()}
+def _pairs(flat: list[bytes]) -> dict[str, str]:
+    """A hash from the flat field, value, ... list a script's HGETALL returns."""
+    it = iter(flat)
+    return {k.decode(): v.decode() for k, v in zip(it, it, strict=True)}
 
 
 class RedisWindows(RedisJobs):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._commit = self.redis.register_script(_COMMIT)
+        self._analyze_reads = self._raw.register_script(_ANALYZE_READS)
+        self._plan_reads = self._raw.register_script(_PLAN_READS)
+        self._batch, self._raw_batch = BatchedScripts(self.redis), BatchedScripts(self._raw)
 
     async def window_done(self, job_id: str, stage: Stage, window_end: float) -> bool:
         return committed(await self.redis.hget(self._key(job_id, "state"), WATERMARKS[stage]), window_end)
@@ -108,49 +133,41 @@ class RedisWindows(RedisJobs):
         for name, value in fields.items():
             args += [name, value]
         args += [*histories.values(), *sets.values()]
-        return bool(await self._commit(keys=keys, args=args))
+        return bool(await self._script(self._commit, self._batch, keys, args))
 
     # ---------------------------------------------------------------- a window's reads, at once
 
-    async def _state_and_config(self, job_id: str, extra: list[str], lists: dict[str, int]) -> list[Any]:
-        """One MULTI/EXEC on the byte client: the state hash, the old downtime lists, the config hash, the
-        values `extra` (GET) and the lists `lists` (their first n items); the replies in that order."""
-        async with self._raw.pipeline(transaction=True) as pipe:
-            pipe.hgetall(self._key(job_id, "state"))
-            for name in OLD_DOWNTIME_LISTS:
-                pipe.lrange(self._key(job_id, name), 0, -1)
-            pipe.hgetall(self._key(job_id, "config"))
-            for name in extra:
-                pipe.get(self._key(job_id, name))
-            for name, n in lists.items():
-                pipe.lrange(self._key(job_id, name), 0, n - 1)
-            return list(await pipe.execute())
-
-    async def _loaded_state(self, job_id: str, raw: dict[str, str], old: list[list[bytes]]) -> PlanState:
-        # An older form, or a first window, is migrated as plan_state migrates it.
-        current = current_plan_state(raw, old)
-        return current if current is not None else await self.plan_state(job_id)
+    async def _script(self, script: AsyncScript, batched: BatchedScripts | None, keys: list[str],
+                      args: list[Any]) -> Any:
+        """One script's reply: with the calls of the same turn in one pipeline (`BatchedScripts`) on a
+        single Redis; a call of its own on a cluster, where a pipeline splits by node."""
+        if self.cluster or batched is None:
+            return await script(keys=keys, args=args)
+        return await batched.call(script, keys, args)
 
     async def analyze_reads(self, job_id: str, window_end: float, fallback: bool) -> AnalyzeReads:
-        scan = {"rates": FALLBACK_SCAN} if fallback else {}
-        state, up, down, config, learned, forecast, model, *recent = await self._state_and_config(
-            job_id, ["learned", "forecast", "forecast-model"], scan)
-        raw = _hash(state)
+        keys = [self._key(job_id, name) for name in ("state", "config", "learned", "forecast", "forecast-model",
+                                                     "rates")]
+        watermark, needs, config, learned, forecast, model, recent = await self._script(
+            self._analyze_reads, self._raw_batch, keys, [WATERMARKS["analyze"], FALLBACK_SCAN if fallback else 0])
         return AnalyzeReads(
-            done=committed(raw.get(WATERMARKS["analyze"]), window_end),
-            config=self._config(_hash(config)),
+            done=committed(_text(watermark), window_end),
+            config=self._config(_pairs(config)),
             learned=stored_learned(learned),
-            plan_state=await self._loaded_state(job_id, raw, [up, down]),
+            needs_forecast=json.loads(needs) if needs else None,
             forecast=StoredForecast(_text(forecast), model),
-            fallback=last_valid(json.loads(x) for x in recent[0]) if recent else None,
+            fallback=last_valid(json.loads(x) for x in recent) if fallback else None,
         )
 
     async def plan_reads(self, job_id: str, window_end: float) -> PlanReads:
-        state, up, down, config, lock = await self._state_and_config(job_id, ["lock"], {})
-        raw = _hash(state)
+        keys = [self._key(job_id, name) for name in ("state", *OLD_DOWNTIME_LISTS, "config", "lock")]
+        state, up, down, config, lock = await self._script(self._plan_reads, self._raw_batch, keys, [])
+        raw = _pairs(state)
+        # An older form, or a first window, is migrated as plan_state migrates it.
+        loaded = current_plan_state(raw, [up, down])
         return PlanReads(
             done=committed(raw.get(WATERMARKS["plan"]), window_end),
-            config=self._config(_hash(config)),
-            state=await self._loaded_state(job_id, raw, [up, down]),
+            config=self._config(_pairs(config)),
+            state=loaded if loaded is not None else await self.plan_state(job_id),
             lock_holder=parse_lock(_text(lock)),
         )

@@ -96,7 +96,7 @@ async def a_windows_reads_come_at_once_as_the_single_reads_return_them(k: Knowle
     assert not fresh.done and fresh.lock_holder is None and fresh.config.max_parallelism == 9
     assert fresh.state == await k.plan_state(job)
     first = await k.analyze_reads(job, 1010.0, fallback=True)
-    assert not first.done and first.learned is None and first.fallback is None
+    assert not first.done and first.learned is None and first.fallback is None and first.needs_forecast is None
     assert first.forecast == StoredForecast(None, None) and first.config == await k.job_config(job)
     valid = json.dumps({"window_end": 1010.0, "valid": True, "parallelism": 2})
     assert await k.commit_window(job, "analyze", 1010.0, valid, values={"learned": json.dumps({"n": 1})},
@@ -109,8 +109,10 @@ async def a_windows_reads_come_at_once_as_the_single_reads_return_them(k: Knowle
     assert reads.fallback is not None and reads.fallback["window_end"] == 1010.0
     assert reads.forecast == StoredForecast(*await k.forecast(job)) == StoredForecast('{"points": 2}', None)
     assert (await k.analyze_reads(job, 1030.0, fallback=False)).fallback is None  # not asked for
+    planned = PlanState(quota_bound=True, needs_forecast=False)
     assert await k.commit_window(job, "plan", 1010.0, json.dumps({"window_end": 1010.0}),
-                                 state_fields=PlanState(quota_bound=True).changed_fields(PlanState()))
+                                 state_fields=planned.changed_fields(PlanState()))
+    assert (await k.analyze_reads(job, 1030.0, fallback=False)).needs_forecast is False
     token = await k.acquire_lock(job, "d1", 30.0)
     assert token is not None
     reads_plan = await k.plan_reads(job, 1010.0)

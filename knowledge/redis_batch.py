@@ -1,0 +1,63 @@
+"""Script calls made in one turn of the event loop, sent to Redis in one pipeline.
+
+A stage handles a batch's windows concurrently (`contracts.stage.per_key`): every window reaches its
+reads, and later its commit, in the same turn of the loop. Each of those is one Lua script (atomic on
+its own), and sent one by one, each pays a round trip's client work (the connection, the timeouts,
+the task switch): at 3,000 jobs that was most of a stage's time in Redis. Queued together they go in
+one pipeline (not a transaction: each script is atomic already), and the work per call falls
+several times (docs/reliability.md, "Load").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+
+class BatchedScripts:
+    """`call(script, keys, args)` returns the script's reply, as `script(keys=..., args=...)` would;
+    calls made before the loop's next turn share one pipeline. A pipeline that fails (Redis away)
+    fails every call in it; a script that fails fails its own call only."""
+
+    def __init__(self, client: aioredis.Redis):
+        self.client = client
+        self._pending: list[tuple[AsyncScript, Sequence[Any], Sequence[Any], asyncio.Future[Any]]] = []
+        self._flushing: set[asyncio.Task[None]] = set()  # held until done: the loop keeps only weak references
+        self.pipelines = 0  # pipelines sent so far
+        self.calls = 0  # calls sent in them
+
+    async def call(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any] = ()) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if not self._pending:
+            # Runs after the tasks already woken in this turn, so their calls join this pipeline.
+            task = asyncio.ensure_future(self._flush())
+            self._flushing.add(task)
+            task.add_done_callback(self._flushing.discard)
+        self._pending.append((script, keys, args, future))
+        return await future
+
+    async def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        self.pipelines += 1
+        self.calls += len(pending)
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for script, keys, args, _ in pending:
+                    await script(keys=keys, args=args, client=pipe)  # queued; loaded on execute if Redis lost it
+                replies = await pipe.execute(raise_on_error=False)
+        except Exception as exc:
+            for *_, future in pending:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (*_, future), reply in zip(pending, replies, strict=True):
+            if future.done():  # its caller was cancelled
+                continue
+            if isinstance(reply, Exception):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
