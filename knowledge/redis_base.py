@@ -68,7 +68,7 @@ class RedisBase:
             return list(await self.redis.mget_nonatomic(keys))  # type: ignore[attr-defined]
         return list(await self.redis.mget(keys))
 
-    async def _set_many(self, values: Mapping[str, str]) -> None:
+    async def _set_many(self, values: Mapping[str, str | bytes]) -> None:
         """SET of many keys, as `_get_many` reads them."""
         if self.cluster:
             await self.redis.mset_nonatomic(values)  # type: ignore[attr-defined]

