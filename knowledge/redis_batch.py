@@ -4,8 +4,9 @@ A stage handles a batch's windows concurrently (`contracts.stage.per_key`): ever
 reads, and later its commit, in the same turn of the loop. Each of those is one Lua script (atomic on
 its own), and sent one by one, each pays a round trip's client work (the connection, the timeouts,
 the task switch): at 3,000 jobs that was most of a stage's time in Redis. Queued together they go in
-one pipeline (not a transaction: each script is atomic already), and the work per call falls
-several times (docs/reliability.md, "Load").
+one pipeline (not a transaction: each script is atomic already), and the client's work per call falls
+several times (docs/reliability.md, "Load"). One Redis only: redis-py's cluster client refuses
+scripts in a pipeline.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 
 class BatchedScripts:
     """`call(script, keys, args)` returns the script's reply, as `script(keys=..., args=...)` would;
     calls made before the loop's next turn share one pipeline. A pipeline that fails (Redis away)
-    fails every call in it; a script that fails fails its own call only."""
+    fails every call in it; a script that fails fails its own call only. A call that finds its
+    script missing (Redis restarted) is made again on its own, which loads the script."""
 
     def __init__(self, client: aioredis.Redis):
         self.client = client
@@ -47,9 +50,12 @@ class BatchedScripts:
         try:
             async with self.client.pipeline(transaction=False) as pipe:
                 for script, keys, args, _ in pending:
-                    await script(keys=keys, args=args, client=pipe)  # queued; loaded on execute if Redis lost it
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
                 replies = await pipe.execute(raise_on_error=False)
-        except Exception as exc:
+            replies = await asyncio.gather(*(
+                self._alone(script, keys, args) if isinstance(reply, NoScriptError) else _done(reply)
+                for (script, keys, args, _), reply in zip(pending, replies, strict=True)))
+        except Exception as exc:  # every caller gets it, as a call of its own would
             for *_, future in pending:
                 if not future.done():
                     future.set_exception(exc)
@@ -61,3 +67,14 @@ class BatchedScripts:
                 future.set_exception(reply)
             else:
                 future.set_result(reply)
+
+    @staticmethod
+    async def _alone(script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        try:
+            return await script(keys=keys, args=args)  # loads the script where it is missing
+        except Exception as exc:  # the call's own failure, returned as a pipeline returns one
+            return exc
+
+
+async def _done(reply: Any) -> Any:
+    return reply

@@ -137,11 +137,10 @@ class RedisWindows(RedisJobs):
 
     # ---------------------------------------------------------------- a window's reads, at once
 
-    async def _script(self, script: AsyncScript, batched: BatchedScripts | None, keys: list[str],
-                      args: list[Any]) -> Any:
-        """One script's reply: with the calls of the same turn in one pipeline (`BatchedScripts`) on a
-        single Redis; a call of its own on a cluster, where a pipeline splits by node."""
-        if self.cluster or batched is None:
+    async def _script(self, script: AsyncScript, batched: BatchedScripts, keys: list[str], args: list[Any]) -> Any:
+        """One script's reply: sent with the calls of the same turn in one pipeline (`BatchedScripts`) on a
+        single Redis; a call of its own on a cluster, whose client does not pipeline scripts."""
+        if self.cluster:
             return await script(keys=keys, args=args)
         return await batched.call(script, keys, args)
 

@@ -1,9 +1,11 @@
 """Script calls made in one turn of the event loop share a pipeline (`knowledge.redis_batch`), against a
-real redis-server: same replies as calls of their own, failures kept to their call."""
+real redis-server: the same replies as calls of their own, failures kept to their call, scripts loaded
+again where Redis lost them."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -18,37 +20,47 @@ ECHO = "return {KEYS[1], ARGV[1], redis.call('INCR', KEYS[1])}"
 FAILS_ON_BAD = "if ARGV[1] == 'bad' then return redis.error_reply('bad input') end return ARGV[1]"
 
 
+async def check_batching(client: Any) -> None:
+    """The checks, on a client that decodes replies."""
+    echo, fails = client.register_script(ECHO), client.register_script(FAILS_ON_BAD)
+    batch = BatchedScripts(client)
+    keys = [f"test-batch:{i}" for i in range(40)]
+    try:
+        for key in keys:
+            await client.delete(key)
+        alone = [await echo(keys=[key], args=[i]) for i, key in enumerate(keys)]
+        together = await asyncio.gather(*(batch.call(echo, [key], [i]) for i, key in enumerate(keys)))
+        assert [r[:2] for r in together] == [r[:2] for r in alone]
+        assert [r[2] for r in together] == [r[2] + 1 for r in alone]
+        assert (batch.pipelines, batch.calls) == (1, 40)
+
+        # One failing script fails its own call; the others in its pipeline are answered.
+        outcomes = await asyncio.gather(*(batch.call(fails, [keys[0]], [v]) for v in ("a", "bad", "c")),
+                                        return_exceptions=True)
+        assert outcomes[0] == "a" and outcomes[2] == "c" and isinstance(outcomes[1], ResponseError)
+        assert batch.pipelines == 2
+
+        # Redis lost its scripts (a restart): each call is made again on its own, which loads them.
+        await client.script_flush()
+        assert await asyncio.gather(*(batch.call(echo, [key], ["y"]) for key in keys[:5])) \
+            == [[key, "y", 3] for key in keys[:5]]
+        assert await batch.call(fails, [keys[1]], ["x"]) == "x"
+
+        # Calls in later turns go in later pipelines.
+        before = batch.pipelines
+        assert [await batch.call(fails, [keys[2]], [str(i)]) for i in range(3)] == ["0", "1", "2"]
+        assert batch.pipelines == before + 3
+    finally:
+        for key in keys:
+            await client.delete(key)
+
+
 def test_calls_of_one_turn_share_a_pipeline_and_keep_their_own_replies(settings: Settings) -> None:
     async def go() -> None:
         client = aioredis.from_url(settings.redis_url, decode_responses=True)
-        echo, fails = client.register_script(ECHO), client.register_script(FAILS_ON_BAD)
-        batch = BatchedScripts(client)
-        keys = [f"test-batch:{i}" for i in range(40)]
         try:
-            await client.delete(*keys)
-            alone = [await echo(keys=[key], args=[i]) for i, key in enumerate(keys)]
-            together = await asyncio.gather(*(batch.call(echo, [key], [i]) for i, key in enumerate(keys)))
-            assert [r[:2] for r in together] == [r[:2] for r in alone]
-            assert [r[2] for r in together] == [r[2] + 1 for r in alone]
-            assert (batch.pipelines, batch.calls) == (1, 40)
-
-            # One failing script fails its own call; the others in its pipeline are answered.
-            outcomes = await asyncio.gather(*(batch.call(fails, [], [v]) for v in ("a", "bad", "c")),
-                                            return_exceptions=True)
-            assert outcomes[0] == "a" and outcomes[2] == "c" and isinstance(outcomes[1], ResponseError)
-            assert batch.pipelines == 2
-
-            # Redis lost its scripts (a restart): the pipeline loads them again.
-            await client.script_flush()
-            assert await asyncio.gather(batch.call(fails, [], ["x"]), batch.call(echo, [keys[0]], ["y"])) \
-                == ["x", [keys[0], "y", 3]]
-
-            # Calls in later turns go in later pipelines.
-            before = batch.pipelines
-            assert [await batch.call(fails, [], [str(i)]) for i in range(3)] == ["0", "1", "2"]
-            assert batch.pipelines == before + 3
+            await check_batching(client)
         finally:
-            await client.delete(*keys)
             await client.aclose()
 
     asyncio.run(go())
