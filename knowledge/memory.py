@@ -193,7 +193,9 @@ class MemoryKnowledge:
         forecast: StoredForecast | None = None,
     ) -> bool:
         if await self.window_done(job_id, stage, window_end):
-            return False
+            # This very commit, made already: the stage's history begins with its message (as in Redis).
+            same = float(self._state[job_id][WATERMARKS[stage]]) == window_end
+            return same and self._lists[(job_id, HISTORY[stage])][:1] == [message]
         if forecast is not None:
             self._forecasts[job_id] = (forecast.state_json, forecast.model)
         state = self._state[job_id]

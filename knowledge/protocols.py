@@ -176,7 +176,9 @@ class WindowCommits(Protocol):
         """Commit the window's message (into the stage's history), plan-state fields (JSON values,
         only those that changed), other histories and values, and the job's forecast (analyze: as
         `save_forecast` stores it), atomically, in one round trip. False when the window was already
-        committed: a redelivery, or another worker got there first."""
+        committed with another message: a redelivery, or another worker got there first. True, and
+        nothing written twice, when this message is already the window's: a commit made again after its
+        reply was lost (a client's retry), so its caller still publishes it."""
         ...
 
 

@@ -24,7 +24,9 @@ class BatchedScripts:
     """`call(script, keys, args)` returns the script's reply, as `script(keys=..., args=...)` would;
     calls made before the loop's next turn share one pipeline. A pipeline that fails (Redis away)
     fails every call in it; a script that fails fails its own call only. A call that finds its
-    script missing (Redis restarted) is made again on its own, which loads the script."""
+    script missing (Redis restarted) is made again on its own, which loads the script. A caller
+    cancelled after its call was queued does not take it back: the script may still run, as a
+    single call cancelled after it was sent may (a window's commit is safe to make twice)."""
 
     def __init__(self, client: aioredis.Redis):
         self.client = client
@@ -34,6 +36,9 @@ class BatchedScripts:
         self.calls = 0  # calls sent in them
 
     async def call(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any] = ()) -> Any:
+        # Encoded here, so an argument Redis cannot take (None, a bool) fails this call, not its pipeline.
+        encode = self.client.get_encoder().encode
+        keys, args = [encode(k) for k in keys], [encode(a) for a in args]
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if not self._pending:
             # Runs after the tasks already woken in this turn, so their calls join this pipeline.
@@ -60,6 +65,10 @@ class BatchedScripts:
                 if not future.done():
                     future.set_exception(exc)
             return
+        except BaseException:  # the flush itself cancelled (the worker stops): no caller waits forever
+            for *_, future in pending:
+                future.cancel()
+            raise
         for (*_, future), reply in zip(pending, replies, strict=True):
             if future.done():  # its caller was cancelled
                 continue

@@ -114,7 +114,8 @@ class RedisJobs(RedisFleet):
 
     async def save_windows(self, windows: Mapping[str, WindowState]) -> None:
         if windows:
-            # pydantic-core's serializer: the same JSON as json.dumps (no spaces), a third of its time; the
+            # pydantic-core's serializer: JSON that json.loads reads back the same (without json.dumps's spaces,
+            # and Infinity and NaN written as json.dumps writes them), in a third of its time; the
             # monitor saves every open window it changed, thousands a second at thousands of jobs.
             await self._set_many({self._key(job_id, "window"): to_json(state.to_dict())
                                   for job_id, state in windows.items()})

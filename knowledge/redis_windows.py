@@ -35,8 +35,15 @@ from knowledge.redis_jobs import OLD_DOWNTIME_LISTS, RedisJobs, current_plan_sta
 # fields, then the state fields (name, value, ...), the history items, the values.
 _COMMIT = """
 local current = redis.call('HGET', KEYS[1], ARGV[1])
-if current and tonumber(current) >= tonumber(ARGV[2]) then return 0 end
 local keep, nh, nv, nf = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+if current and tonumber(current) >= tonumber(ARGV[2]) then
+  -- This very commit, made already (a retry whose reply was lost): the stage's history, the last
+  -- list, begins with its message.
+  if tonumber(current) == tonumber(ARGV[2]) and redis.call('LINDEX', KEYS[1 + nh], 0) == ARGV[6 + 2 * nf + nh] then
+    return 1
+  end
+  return 0
+end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 local a = 7
 if nf > 0 then
@@ -117,7 +124,7 @@ class RedisWindows(RedisJobs):
         kept, means a crash in between republishes the same message (same decision id) instead of
         losing it or deciding twice; the watermark is checked in the script, so two workers commit a
         window once."""
-        histories = {**(history or {}), HISTORY[stage]: message}
+        histories = {**{n: v for n, v in (history or {}).items() if n != HISTORY[stage]}, HISTORY[stage]: message}
         sets: dict[str, str | bytes] = dict(values or {})
         deletes: list[str] = []
         if forecast is not None:

@@ -78,6 +78,9 @@ async def a_window_commits_once_and_its_message_can_be_published_again(k: Knowle
     assert await k.window_done(job, "plan", 1010.0) and not await k.window_done(job, "analyze", 1010.0)
     assert await k.committed_message(job, "plan", 1010.0) == message
     assert not await k.commit_window(job, "plan", 1010.0, json.dumps({"window_end": 1010.0, "decision_id": "b"}))
+    # The same commit made again (a client's retry after its reply was lost): its caller still publishes.
+    assert await k.commit_window(job, "plan", 1010.0, message, state_fields=fields)
+    assert [d["decision_id"] for d in await k.decisions(job)] == ["a"]  # written once
     assert not await k.commit_window(job, "plan", 1000.0, json.dumps({"window_end": 1000.0}))  # older: done
     assert (await k.plan_state(job)).quota_bound is True
     assert [d["decision_id"] for d in await k.decisions(job)] == ["a"]

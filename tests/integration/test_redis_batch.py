@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.exceptions import DataError, ResponseError
 
 from contracts.settings import Settings
 from knowledge.redis_batch import BatchedScripts
@@ -39,6 +39,11 @@ async def check_batching(client: Any) -> None:
                                         return_exceptions=True)
         assert outcomes[0] == "a" and outcomes[2] == "c" and isinstance(outcomes[1], ResponseError)
         assert batch.pipelines == 2
+        # So does an argument Redis cannot take.
+        outcomes = await asyncio.gather(batch.call(fails, [keys[0]], [None]), batch.call(fails, [keys[0]], ["d"]),
+                                        return_exceptions=True)
+        assert isinstance(outcomes[0], DataError) and outcomes[1] == "d"
+        assert batch.pipelines == 3
 
         # Redis lost its scripts (a restart): each call is made again on its own, which loads them.
         await client.script_flush()
