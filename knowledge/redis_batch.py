@@ -5,8 +5,8 @@ reads, and later its commit, in the same turn of the loop. Each of those is one 
 its own), and sent one by one, each pays a round trip's client work (the connection, the timeouts,
 the task switch): at 3,000 jobs that was most of a stage's time in Redis. Queued together they go in
 one pipeline (not a transaction: each script is atomic already), and the client's work per call falls
-several times (docs/reliability.md, "Load"). One Redis only: redis-py's cluster client refuses
-scripts in a pipeline.
+several times (docs/reliability.md, "Load"). On a Redis Cluster each call goes alone: redis-py's
+cluster client refuses scripts in a pipeline.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
@@ -28,17 +29,20 @@ class BatchedScripts:
     cancelled after its call was queued does not take it back: the script may still run, as a
     single call cancelled after it was sent may (a window's commit is safe to make twice)."""
 
-    def __init__(self, client: aioredis.Redis):
+    def __init__(self, client: aioredis.Redis | RedisCluster):
         self.client = client
+        self._pipelined = not isinstance(client, RedisCluster)
+        self._encode = client.get_encoder().encode
         self._pending: list[tuple[AsyncScript, Sequence[Any], Sequence[Any], asyncio.Future[Any]]] = []
         self._flushing: set[asyncio.Task[None]] = set()  # held until done: the loop keeps only weak references
         self.pipelines = 0  # pipelines sent so far
         self.calls = 0  # calls sent in them
 
     async def call(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any] = ()) -> Any:
+        if not self._pipelined:
+            return await script(keys=keys, args=args)
         # Encoded here, so an argument Redis cannot take (None, a bool) fails this call, not its pipeline.
-        encode = self.client.get_encoder().encode
-        keys, args = [encode(k) for k in keys], [encode(a) for a in args]
+        keys, args = [self._encode(k) for k in keys], [self._encode(a) for a in args]
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if not self._pending:
             # Runs after the tasks already woken in this turn, so their calls join this pipeline.
@@ -57,9 +61,11 @@ class BatchedScripts:
                 for script, keys, args, _ in pending:
                     pipe.evalsha(script.sha, len(keys), *keys, *args)
                 replies = await pipe.execute(raise_on_error=False)
-            replies = await asyncio.gather(*(
-                self._alone(script, keys, args) if isinstance(reply, NoScriptError) else _done(reply)
-                for (script, keys, args, _), reply in zip(pending, replies, strict=True)))
+            missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+            if missing:
+                redone = await asyncio.gather(*(self._alone(*pending[i][:3]) for i in missing))
+                for i, reply in zip(missing, redone, strict=True):
+                    replies[i] = reply
         except Exception as exc:  # every caller gets it, as a call of its own would
             for *_, future in pending:
                 if not future.done():
@@ -83,7 +89,3 @@ class BatchedScripts:
             return await script(keys=keys, args=args)  # loads the script where it is missing
         except Exception as exc:  # the call's own failure, returned as a pipeline returns one
             return exc
-
-
-async def _done(reply: Any) -> Any:
-    return reply

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from redis.commands.core import AsyncScript
-
 from contracts.plan_state import PLAN_STATE_VERSION
 from knowledge.protocols import (
     FALLBACK_SCAN,
@@ -140,22 +138,15 @@ class RedisWindows(RedisJobs):
         for name, value in fields.items():
             args += [name, value]
         args += [*histories.values(), *sets.values()]
-        return bool(await self._script(self._commit, self._batch, keys, args))
+        return bool(await self._batch.call(self._commit, keys, args))
 
     # ---------------------------------------------------------------- a window's reads, at once
-
-    async def _script(self, script: AsyncScript, batched: BatchedScripts, keys: list[str], args: list[Any]) -> Any:
-        """One script's reply: sent with the calls of the same turn in one pipeline (`BatchedScripts`) on a
-        single Redis; a call of its own on a cluster, whose client does not pipeline scripts."""
-        if self.cluster:
-            return await script(keys=keys, args=args)
-        return await batched.call(script, keys, args)
 
     async def analyze_reads(self, job_id: str, window_end: float, fallback: bool) -> AnalyzeReads:
         keys = [self._key(job_id, name) for name in ("state", "config", "learned", "forecast", "forecast-model",
                                                      "rates")]
-        watermark, needs, config, learned, forecast, model, recent = await self._script(
-            self._analyze_reads, self._raw_batch, keys, [WATERMARKS["analyze"], FALLBACK_SCAN if fallback else 0])
+        watermark, needs, config, learned, forecast, model, recent = await self._raw_batch.call(
+            self._analyze_reads, keys, [WATERMARKS["analyze"], FALLBACK_SCAN if fallback else 0])
         return AnalyzeReads(
             done=committed(_text(watermark), window_end),
             config=self._config(_pairs(config)),
@@ -167,7 +158,7 @@ class RedisWindows(RedisJobs):
 
     async def plan_reads(self, job_id: str, window_end: float) -> PlanReads:
         keys = [self._key(job_id, name) for name in ("state", *OLD_DOWNTIME_LISTS, "config", "lock")]
-        state, up, down, config, lock = await self._script(self._plan_reads, self._raw_batch, keys, [])
+        state, up, down, config, lock = await self._raw_batch.call(self._plan_reads, keys)
         raw = _pairs(state)
         # An older form, or a first window, is migrated as plan_state migrates it.
         loaded = current_plan_state(raw, [up, down])
