@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+# No `_created` sample beside each counter and histogram: in the text format Prometheus stores it as a
+# series of its own, three more per job here, and a worker with thousands of jobs formats each on every
+# scrape (`python -m bench.exposition`). Rates and increases need only the counters.
+disable_created_metrics()
 
 REPORTS_ACCEPTED = Counter(
     "autoscaler_reports_accepted_total", "Metric reports folded into a window.", ["job"], registry=REGISTRY
