@@ -107,7 +107,6 @@ def tune_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-
 @app.command()
 def agents(
     stage: Annotated[list[str] | None, typer.Option(help="Stage(s) to run: monitor, analyze, plan, execute.")] = None,
