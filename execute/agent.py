@@ -30,6 +30,7 @@ from execute.kernel import (
     event_id,
 )
 from execute.kernel import Publish as PublishMessage
+from knowledge.fleet_rules import runs
 from knowledge.protocols import ExecuteKnowledge
 
 log = logging.getLogger("autoscaler.execute")
@@ -137,6 +138,7 @@ class ExecuteAgent:
                 await self.knowledge.track_rescale(job, rescale)
             case RecordRescaleEnd(job, running, completed_at, downtime_s, direction, backend):
                 await self.knowledge.record_rescale_end(job, running, completed_at, downtime_s, direction, backend)
+                await self.holds_on_cluster(job, running)
             case FinishRescale(job):
                 await self.knowledge.finish_rescale(job)
             case ReleaseLock(job, token, decision_id):
@@ -145,6 +147,14 @@ class ExecuteAgent:
                 await self.knowledge.mark_decision_done(job, decision_id)
             case _:
                 raise TypeError(f"not an effect execute performs: {effect!r}")
+
+    async def holds_on_cluster(self, job: str, running: int) -> None:
+        """A job on a cluster holds what it runs once its rescale ended (`knowledge.fleet_rules.runs`):
+        the slots a scale-down released go to the jobs waiting for them at their next window, without
+        waiting for the job's own next window measured at what it runs."""
+        cluster = (await self.knowledge.job_config(job)).cluster
+        if cluster:
+            await self.knowledge.update_fleet(cluster, runs(job, running, cluster))
 
     async def acquire(self, lock: AcquireLock) -> int | None:
         return await self.knowledge.acquire_lock(lock.job_id, lock.decision_id, lock.ttl_s)

@@ -95,7 +95,8 @@ class TrackRescale:
 
 @dataclass(frozen=True)
 class RecordRescaleEnd:
-    """Record in the plan state what runs after the rescale (`knowledge.protocols.PlanStates`)."""
+    """Record in the plan state what runs after the rescale (`knowledge.protocols.PlanStates`) and, for a
+    job on a cluster, count it as what the job holds there (`knowledge.fleet_rules.runs`)."""
 
     job_id: str
     running: int

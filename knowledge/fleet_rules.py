@@ -15,6 +15,18 @@ FleetStep = Callable[[FleetState, int], tuple[FleetState, FleetGrant]]
 UPDATE_RETRIES = 50  # optimistic updates of one cluster's state raced by other plan workers
 
 
+def runs(job_id: str, slots: int, cluster: str) -> FleetStep:
+    """The fleet step of a job whose rescale ended and which now runs `slots` (the runner's report): what it
+    holds on the cluster is that, from now. A completed scale-down's slots are free for the jobs waiting
+    for them at once, not from the job's next window; a scale-up granted in part holds what it got. A job
+    the fleet does not count yet (never bid nor joined) is left as it is."""
+    def step(state: FleetState, budget: int) -> tuple[FleetState, FleetGrant]:
+        held = {**state.held, job_id: slots} if job_id in state.held else state.held
+        return (FleetState(bids=state.bids, held=held, moves=state.moves),
+                FleetGrant(cluster=cluster, budget=budget, granted=slots, allocated=slots, binds=False))
+    return step
+
+
 def check_fleet(name: str, cluster: ClusterConfig | None, minimums: Mapping[str, int]) -> None:
     """ConfigError unless `cluster` (named `name`) is registered and its budget is at least the sum of
     `minimums` (each job on it: its `min_parallelism`)."""

@@ -290,7 +290,12 @@ class Counters(Protocol):
 
 class ExecuteKnowledge(Decisions, Fencing, PlanStates, Protocol):
     """What execute asks of the knowledge base: the once-per-decision and once-per-event markers, the
-    lock and the rescale in flight, and the plan-state fields it records when a rescale ends."""
+    lock and the rescale in flight, the plan-state fields it records when a rescale ends and, for a job
+    on a cluster, what it holds there from then (its configuration names the cluster)."""
+
+    async def job_config(self, job_id: str) -> JobConfig: ...
+
+    async def update_fleet(self, name: str, step: FleetStep) -> FleetGrant | None: ...
 
 
 class MonitorKnowledge(OpenWindows, Counters, Protocol):

@@ -103,9 +103,9 @@ def plan(
             return Planned(before, state, planned, None)
         problem = getattr(policy, "planning_problem", None)
         posed = problem(state, analysis, config) if problem is not None else fleet.plain_problem(analysis, config)
-        # A window measured before the job's last rescale still arrives after it: the job holds what it
-        # was rescaled to (the larger of the two while they differ, so the fleet never counts it short).
-        holds = max(analysis.parallelism, before.expected_parallelism or 0)
+        # A window measured before the job's last rescale still arrives after it: the job holds what the
+        # rescale ended at (the runner's report), up or down, until a window measured at it arrives.
+        holds = before.expected_parallelism or analysis.parallelism
         bid = fleet.bid_of(analysis.job_id, posed, holds, planned.to_parallelism, config, analysis.window_end)
         return Planned(before, state, planned, None, bid, commit=config.mode is Mode.AUTO)
     reserve = None

@@ -11,6 +11,7 @@ import pytest
 
 from contracts.decisions import EventType, RescaleCommand, RunnerStatus, ScalingEvent
 from contracts.execution import InFlight, LockHolder
+from contracts.fleet import ClusterConfig, FleetGrant, FleetState
 from contracts.settings import Settings
 from execute.agent import ExecuteAgent
 from execute.kernel import Effect
@@ -21,6 +22,7 @@ from tests.unit.test_execute_kernel import QUOTA, decision, report
 # The effects of the decision below (its notice, track, command, started, done) and of its report
 # (record, outcome, forget, free): a worker may die before any of them.
 EFFECTS = 9
+GRANT = FleetGrant(cluster="c", budget=6, granted=0, allocated=0, binds=False)
 
 
 class Crash(Exception):
@@ -145,3 +147,25 @@ def test_an_in_flight_rescale_stored_in_the_older_form_is_read() -> None:
 
 def test_the_lock_holder_is_the_token_and_the_decision() -> None:
     assert LockHolder(3, "d1") == (3, "d1") and LockHolder(3, "d1").decision_id == "d1"
+
+
+def test_a_job_on_a_cluster_holds_what_it_runs_once_its_rescale_ended() -> None:
+    """The runner's report is what the fleet counts from then: a scale-up granted 4 that got 3 holds 3, and
+    the slot is free for the others at once; a job on no cluster, or not yet in its fleet, changes no fleet."""
+    async def run() -> None:
+        knowledge, published = MemoryKnowledge(Settings()), []
+        await knowledge.register_cluster(ClusterConfig(name="c", workers=2, slots_per_worker=3))
+        await knowledge.register_job("job", {"cluster": "c"})
+        await knowledge.register_job("other", {"cluster": "c"})
+        await knowledge.update_fleet("c", lambda state, budget: (FleetState(held={"job": 4, "other": 2}), GRANT))
+        worker = Worker(knowledge, published)
+        await worker.apply(decision().to_bytes())
+        assert (await knowledge.fleet_state("c")).held == {"job": 4, "other": 2}  # in flight: counted as granted
+        await worker.on_report(report(RunnerStatus.FAILED, running=3, error="granted 3 of 4").to_bytes())
+        assert (await knowledge.fleet_state("c")).held == {"job": 3, "other": 2}
+        await knowledge.update_fleet("c", lambda state, budget: (FleetState(held={"other": 2}), GRANT))
+        await worker.apply(decision(decision_id="d2").to_bytes())
+        await worker.on_report(report(decision_id="d2", running=4).to_bytes())
+        assert (await knowledge.fleet_state("c")).held == {"other": 2}  # not in the fleet yet: left as it is
+
+    asyncio.run(run())

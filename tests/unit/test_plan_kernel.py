@@ -70,3 +70,12 @@ def test_a_job_on_a_cluster_bids_what_it_was_rescaled_to_while_its_windows_are_s
     assert stale.bid is not None and stale.bid.holds == 3
     settled = plan(PlanState(), analysis(0.6, 2), on_cluster, rescaling=False, quota=None, policy=ThresholdPolicy())
     assert settled.bid is not None and settled.bid.holds == 2
+
+
+def test_a_job_on_a_cluster_bids_what_its_scale_down_ended_at_while_its_windows_are_stale() -> None:
+    """A completed scale-down's slots are free at once (execute counts them so): a stale window measured at
+    the old count must not claim them back (seen live: the receiver of a move waited a window more)."""
+    on_cluster = CONFIG.model_copy(update={"cluster": "c"})
+    after = PlanState(expected_parallelism=1, stale_budget=2)
+    stale = plan(after, analysis(0.6, 3), on_cluster, rescaling=False, quota=None, policy=ThresholdPolicy())
+    assert stale.bid is not None and stale.bid.holds == 1
