@@ -13,8 +13,9 @@ old capacity is not counted (its pause, zero in place, is).
 1. where every job's plan fits, each gets it: the budget does not bind;
 2. otherwise each job first gets what its arrivals need (at most what it wants): no job starves while
    the budget can carry every job's arrivals. Where it cannot, the budget is shared by weight
-   (weighted max-min fairness: each job's share of its need grows in proportion to its weight), and
-   the price is undefined;
+   (weighted max-min fairness: each job's share of its need grows in proportion to its weight, in
+   the fewest slots that lower its cost, so no slot goes where its tasks would run in the same waves
+   as before), and the price is undefined;
 3. what is left goes slot by slot where it saves the most (marginal-cost exchange): each round gives
    the block of slots with the highest saving per slot on any job's curve. For convex curves this is
    the exact optimum of a separable cost under one budget (Gross 1956; Fox 1966; Ibaraki and Katoh,
@@ -57,6 +58,7 @@ CODE = "fleet_budget"  # a plan changed by the cluster's budget
 MOVE = "fleet_move"  # the notice of a move: slots one job gave way with, taken by another
 NAMED = 5  # jobs that gave way named in a reason
 NEED_STEPS = 5  # a job's need keeps its backlog within target over this many plan steps (5 min)
+USEFUL = 1e-3  # a slot lowers a job's cost by more than this (its curve is rounded to 3 decimals) to count
 
 
 def _held(problem: PlanProblem, top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -169,7 +171,7 @@ def allocate(bids: Mapping[str, FleetBid], budget: int) -> Allocation:
     price: float | None = None
     if sum(floors.values()) > budget:
         slots = weighted_share({job: b.minimum for job, b in bids.items()}, floors,
-                               {job: b.weight for job, b in bids.items()}, budget)
+                               {job: b.weight for job, b in bids.items()}, budget, bids)
     else:
         slots, price = _exchange(bids, dict(floors), budget - sum(floors.values()))
     loss = {job: (b.cost(slots[job]) - b.cost(b.wants)) / b.weight for job, b in bids.items()}
@@ -178,22 +180,39 @@ def allocate(bids: Mapping[str, FleetBid], budget: int) -> Allocation:
     return Allocation(slots, True, price, gave_way, short)
 
 
-def weighted_share(minimums: Mapping[str, int], floors: Mapping[str, int], weights: Mapping[str, float], budget: int
-                   ) -> dict[str, int]:
+def weighted_share(minimums: Mapping[str, int], floors: Mapping[str, int], weights: Mapping[str, float], budget: int,
+                   bids: Mapping[str, FleetBid] | None = None) -> dict[str, int]:
     """Weighted max-min fair shares of `floors`: every job its minimum, then slot by slot to the job with the
     smallest share per weight still below its floor (the heavier, then the name, on a tie). A heap: each slot
-    given costs log(jobs)."""
+    given costs log(jobs). With `bids`, a job takes the fewest slots that lower its cost (`useful_block`):
+    a job whose fixed tasks run in waves (4 tasks on 3 slots take two waves, as on 2) is given no slot
+    that buys it nothing; one whose next useful block is more than is left takes no more, and slots no job
+    can use are left unallocated."""
     slots = dict(minimums)
     left = budget - sum(slots.values())
     heap = [(slots[j] / weights[j], -weights[j], j) for j in slots if slots[j] < floors[j]]
     heapq.heapify(heap)
     while left > 0 and heap:
         _, _, job = heapq.heappop(heap)
-        slots[job] += 1
-        left -= 1
+        k = 1 if bids is None else useful_block(bids[job], slots[job], floors[job])
+        if k is None or k > left:
+            continue
+        slots[job] += k
+        left -= k
         if slots[job] < floors[job]:
             heapq.heappush(heap, (slots[job] / weights[job], -weights[job], job))
     return slots
+
+
+def useful_block(bid: FleetBid, at: int, upto: int) -> int | None:
+    """The fewest slots beyond `at` (to at most `upto`) that lower the job's cost; None where none does. A
+    curve flat throughout (nothing measured yet) counts every slot as useful."""
+    if upto <= at:
+        return None
+    if max(bid.costs) - min(bid.costs) <= USEFUL:
+        return 1
+    here = bid.cost(at)
+    return next((k for k in range(1, upto - at + 1) if bid.cost(at + k) < here - USEFUL), None)
 
 
 def _best_block(bid: FleetBid, at: int, left: int) -> tuple[float, int] | None:

@@ -68,8 +68,14 @@ def test_no_job_starves_while_the_budget_carries_every_jobs_arrivals(fleet: tupl
     floors = {job: max(b.minimum, min(b.need, b.wants)) for job, b in bids.items()}
     if sum(floors.values()) <= budget:
         assert all(out.slots[job] >= floors[job] for job in bids) and not out.short
-    else:  # shared by weight: all of the budget, and no job's share per weight exceeds another's by a slot
-        assert sum(out.slots.values()) == budget and out.price is None
+    else:  # shared by weight: every slot given lowers its job's cost; on curves that fall at every slot, all
+        # of the budget, and no job's share per weight exceeds another's by a slot
+        assert out.price is None
+        for job, b in bids.items():
+            assert out.slots[job] == b.minimum or b.cost(out.slots[job]) < b.cost(b.minimum)
+        if not all(b.cost(p + 1) < b.cost(p) for b in bids.values() for p in range(b.minimum, b.wants)):
+            return
+        assert sum(out.slots.values()) == budget
         below = [job for job in bids if out.slots[job] < floors[job]]
         for a in below:
             for b in bids:
@@ -230,3 +236,18 @@ def test_a_report_of_a_job_whose_cluster_was_removed_is_dead_lettered_with_the_r
     loops.records([Incoming(value=report, key=b"j", partition=0, offset=1)], now=1795000011.0)
     assert [(d.reason, "cluster 'c'" in d.detail) for d in loops.dead_letters] == [("unknown_cluster", True)]
     assert loops.jobs["j"].open is None  # nothing folded
+
+
+def test_shared_by_weight_no_job_is_given_a_slot_that_buys_it_nothing() -> None:
+    """Seen live: a job of 4 fixed tasks was given 3 slots, which run them in two waves as 2 do, while
+    another waited at 1. Its third slot lowers no cost, so it takes 2 or 4, and a slot no job can use is
+    left free."""
+    waves = [100.0, 50.0, 60.0, 10.0]  # 1..4 slots: 3 costs more than 2 (the same capacity, one slot more)
+    bids = {job: FleetBid(job_id=job, holds=1, wants=4, need=4, minimum=1, weight=1.0, costs=waves)
+            for job in ("a", "b")}
+    bids["c"] = FleetBid(job_id="c", holds=1, wants=1, need=1, minimum=1, weight=1.0, costs=[0.0])
+    out = allocate(bids, 6)
+    assert out.slots == {"a": 2, "b": 2, "c": 1} and out.price is None and set(out.short) == {"a", "b"}
+    assert allocate(bids, 7).slots == {"a": 4, "b": 2, "c": 1}  # 4 where a block of 2 is left
+    flat = {job: b.model_copy(update={"costs": [0.0] * 4}) for job, b in bids.items() if job != "c"}
+    assert allocate(flat, 5).slots == {"a": 3, "b": 2}  # nothing measured: every slot counts
