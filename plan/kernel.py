@@ -139,6 +139,12 @@ def finish(planned: Planned, analysis: Analysis, config: JobConfig, granted: int
             chosen = hold(current, "unknown_cluster", f"cluster {config.cluster!r} is not registered "
                           "(`autoscaler cluster add`): the job holds until it is, or its setting `cluster` is unset",
                           rule=fleet.RULE, proposed=chosen)
+        elif planned.bid.holds != current:
+            # Measured before the job's last rescale: a move from a count it no longer runs would be a rescale
+            # to what it runs (seen live: a no-op 4 -> 3 after the release to 3). It acts at its next window.
+            if chosen.action is not Action.NONE:
+                chosen = hold(current, "stale_window", f"the window was measured at parallelism {current}, but the "
+                              f"job was rescaled to {planned.bid.holds}", rule="stale_window", proposed=chosen)
         else:
             fitted = fleet.within_grant(chosen, current, given)
             changed = (fitted.action, fitted.to_parallelism) != (chosen.action, chosen.to_parallelism)

@@ -7,6 +7,7 @@ import pytest
 
 from contracts.analyses import Analysis
 from contracts.decisions import Action
+from contracts.fleet import FleetGrant
 from contracts.jobs import JobConfig, Mode
 from contracts.plan_state import PlanState
 from plan.kernel import Reserve, finish, plan
@@ -79,3 +80,17 @@ def test_a_job_on_a_cluster_bids_what_its_scale_down_ended_at_while_its_windows_
     after = PlanState(expected_parallelism=1, stale_budget=2)
     stale = plan(after, analysis(0.6, 3), on_cluster, rescaling=False, quota=None, policy=ThresholdPolicy())
     assert stale.bid is not None and stale.bid.holds == 1
+
+
+def test_a_stale_window_of_a_job_on_a_cluster_takes_no_action() -> None:
+    """Its grant is measured against what the job runs now, not against the stale count: no rescale from a
+    count it no longer runs (seen live: a no-op 4 -> 3 decided on the window after the release to 3)."""
+    on_cluster = CONFIG.model_copy(update={"cluster": "c"})
+    stale = analysis(0.6, 4)
+    planned = plan(PlanState(expected_parallelism=3, stale_budget=2), stale, on_cluster, rescaling=False, quota=None,
+                   policy=ThresholdPolicy())
+    given = FleetGrant(cluster="c", budget=6, granted=3, allocated=3, binds=True)
+    decided = finish(planned, stale, on_cluster, given=given)
+    assert decided.decision.action is Action.NONE
+    fresh = plan(PlanState(), analysis(0.6, 4), on_cluster, rescaling=False, quota=None, policy=ThresholdPolicy())
+    assert finish(fresh, analysis(0.6, 4), on_cluster, given=given).decision.action is Action.SCALE_DOWN
