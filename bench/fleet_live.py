@@ -61,9 +61,23 @@ STALE_WINDOWS = 3  # a job's latest window counts for starvation this many windo
 # overlap pairwise for 80 s and all three for 20 s.
 LOADS = ((20, 140, 140), (80, 140, 80), (140, 140, 20))
 MEASURES = {"fleet_executor_seconds": ".0f", "worst_beyond_target_s": ".0f", "total_beyond_target_s": ".0f",
-            "starved_s": ".0f", "worst_lag_p95_s": ".1f", "actions": ".0f", "moves": ".0f", "move_s_median": ".0f",
-            "max_cores": ".0f"}
+            "left_beyond_target": ".0f", "starved_s": ".0f", "worst_lag_p95_s": ".1f", "actions": ".0f",
+            "moves": ".0f", "move_s_median": ".0f", "max_cores": ".0f"}
 app = typer.Typer(add_completion=False, help=__doc__)
+
+
+def beyond_target(windows: list[list[float]], target_s: float) -> tuple[float, float]:
+    """A job's seconds beyond its backlog target and the records beyond it in its last window, from its
+    windows (time from the load's start, arrival rate, backlog). Each window beyond the target counts the
+    time since the window before it (the first: WINDOW_S): a job too busy to report publishes one window
+    per long micro-batch, and counting its windows would undercount it."""
+    seconds, before = 0.0, None
+    for at, arrival, backlog in windows:
+        if backlog > target_s * (arrival or 0.0):
+            seconds += WINDOW_S if before is None else at - before
+        before = at
+    last = windows[-1] if windows else (0.0, 0.0, 0.0)
+    return seconds, max(0.0, last[2] - target_s * (last[1] or 0.0))
 
 
 def held_at(samples: list[list[float]], at: float) -> int:
@@ -155,21 +169,24 @@ def run_arm(arm: str, cluster: StandaloneCluster, budget: int, ports: tuple[int,
         runs = run_fleet_live(
             settings, workdir, fleet, max_parallelism=knobs["max_parallelism"], cost_ms=knobs["cost_ms"],
             drain_s=knobs["drain_s"], warm_up_s=knobs["warm_up_s"], warm_up_rate=knobs["base"],
-            watched_s=knobs["watched_s"],
+            watched_s=knobs["watched_s"], drain_max_s=knobs["drain_max_s"], backlog_target_s=knobs["backlog_target_s"],
             cluster=ClusterConfig(name=name, workers=workers, slots_per_worker=budget // workers))
     finally:
         sampler.done.set()
         sampler.join(5)
     began = next(iter(runs.values())).started
-    end = began + max(sum(load) for load in LOADS) + knobs["drain_s"]
+    end = max([began + max(sum(load) for load in LOADS) + knobs["drain_s"],
+               *(a.window_end for r in runs.values() for a in r.analyses)])  # the drain ends when every job is back
     jobs: dict[str, dict[str, Any]] = {}
     for m in fleet:
         measured = live_measures(runs[m.job], knobs["backlog_target_s"], initial_parallelism=m.parallelism)
         cores = sampler.of(f"autoscaler-{m.job}")
         windows = [(round(a.window_end - began, 1), a.arrival_rate, a.backlog or 0) for a in runs[m.job].analyses
                    if a.arrival_rate is not None and a.window_end >= began]
+        late_s, left = beyond_target([list(w) for w in windows], knobs["backlog_target_s"])
         jobs[m.job] = {"executor_seconds": round(executor_seconds(cores, began, end), 1),
-                       "beyond_target_s": measured["beyond_target_s"], "lag_p95_s": round(measured["lag_p95_s"], 1),
+                       "beyond_target_s": late_s, "beyond_at_end": round(left),
+                       "lag_p95_s": round(measured["lag_p95_s"], 1),
                        "peak_backlog": measured["peak_backlog"], "actions": measured["actions"],
                        "failed": measured["failed"],
                        "cores": [(round(t - began, 1), c) for t, c in cores if began - 60 <= t <= end],
@@ -180,9 +197,7 @@ def run_arm(arm: str, cluster: StandaloneCluster, budget: int, ports: tuple[int,
         jobs[job]["starved_s"] = seconds
     return {"arm": arm, "jobs": jobs, "span_s": round(end - began, 1),
             "fleet_executor_seconds": round(sum(j["executor_seconds"] for j in jobs.values()), 1),
-            "worst_beyond_target_s": max(j["beyond_target_s"] for j in jobs.values()),
-            "total_beyond_target_s": sum(j["beyond_target_s"] for j in jobs.values()),
-            "starved_s": sum(j["starved_s"] for j in jobs.values()),
+            **lateness(jobs), "starved_s": sum(j["starved_s"] for j in jobs.values()),
             "worst_lag_p95_s": max(j["lag_p95_s"] for j in jobs.values()),
             "actions": sum(j["actions"] for j in jobs.values()),
             "max_cores": max((c for t, c in sampler.samples if began <= t <= end), default=None),
@@ -194,7 +209,8 @@ def summary_table(rows: list[dict[str, Any]], arms: list[str], settings: dict[st
     result = table(f"three jobs, one cluster of {settings['budget']} cores (2 workers); loads {settings['base']:g} -> "
                    f"{settings['peak']:g} rec/s, peaks overlapping; time constants compressed "
                    f"{settings['compression']:g}x; median \\[worst] of the runs", "arm", "runs", "fleet executor-s",
-                   "worst job beyond target s", "all jobs beyond target s", "starved s", "worst job lag p95 s",
+                   "worst job beyond target s", "all jobs beyond target s", "records beyond target at the end",
+                   "starved s", "worst job lag p95 s",
                    "actions", "moves", "move s (median)", "most cores in use")
     for arm in arms:
         runs = [r for r in rows if r["arm"] == arm]
@@ -202,10 +218,22 @@ def summary_table(rows: list[dict[str, Any]], arms: list[str], settings: dict[st
     return result
 
 
+def lateness(jobs: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """A run's worst job's and all jobs' seconds beyond target, and the records beyond it at the end."""
+    return {"worst_beyond_target_s": max(j["beyond_target_s"] for j in jobs.values()),
+            "total_beyond_target_s": sum(j["beyond_target_s"] for j in jobs.values()),
+            "left_beyond_target": sum(j["beyond_at_end"] for j in jobs.values())}
+
+
 def restarve(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows of a written result with starvation counted again (`starvation`) from what each run kept."""
+    """The rows of a written result with starvation and the time beyond target counted again (`starvation`,
+    `beyond_target`) from what each run kept."""
     rows = result["rows"]
     for row in rows:
+        for job in row["jobs"].values():
+            late_s, left = beyond_target(job["windows"], result["backlog_target_s"])
+            job["beyond_target_s"], job["beyond_at_end"] = late_s, round(left)
+        row |= lateness(row["jobs"])
         starved = starvation(row["jobs"], row["span_s"], result["slot_rate"], result["backlog_target_s"],
                              result["starved_after_s"])
         for job, seconds in starved.items():
@@ -232,6 +260,8 @@ def main(
     warm_up_s: Annotated[float, typer.Option(help="Seconds at --base before the loads' steps.")] = 45.0,
     watched_s: Annotated[float, typer.Option(help="The warm-up's last seconds, with the agents watching.")] = 20.0,
     drain_s: Annotated[float, typer.Option(help="Seconds after the loads (measured).")] = 20.0,
+    drain_max_s: Annotated[float, typer.Option(help="Then, up to this long after the loads, the run goes on while "
+                                                    "any job is beyond its target (measured).")] = 300.0,
     out: Annotated[Path, typer.Option(help="Where the JSON goes.")] = RESULTS / "fleet_live.json",
     summarize: Annotated[Path | None, typer.Option(help="Only print the table of a JSON written before (its "
                                                        "starvation counted again); runs nothing.")] = None,
@@ -249,7 +279,7 @@ def main(
     budget = 2 * slots_per_worker
     knobs = {"max_parallelism": max_parallelism, "base": base, "peak": peak, "cost_ms": cost_ms,
              "slot_rate": slot_rate, "backlog_target_s": backlog_target_s, "starved_after_s": starved_after_s,
-             "warm_up_s": warm_up_s, "watched_s": watched_s, "drain_s": drain_s}
+             "warm_up_s": warm_up_s, "watched_s": watched_s, "drain_s": drain_s, "drain_max_s": drain_max_s}
     settings = {**knobs, "budget": budget, "workers": 2, "loads": LOADS, "window_s": WINDOW_S,
                 "compression": COMPRESSION, "repeats": repeats}
     workdir = Path(tempfile.mkdtemp(prefix="fleet-live-"))

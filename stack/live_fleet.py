@@ -48,9 +48,12 @@ class Member:
 
 def run_fleet_live(settings: Settings, workdir: Path, members: list[Member], *, max_parallelism: int,
                    cost_ms: float = 4.0, drain_s: float = 20.0, warm_up_s: float = 45.0, warm_up_rate: float = 100.0,
-                   watched_s: float = 20.0, cluster: ClusterConfig | None = None) -> dict[str, LiveRun]:
-    """Run every member's job under its load until the last load ends plus `drain_s`; per job, what the
-    agents published about it. Every job first runs `warm_up_s` at `warm_up_rate` records/s (the load's
+                   watched_s: float = 20.0, cluster: ClusterConfig | None = None, drain_max_s: float = 0.0,
+                   backlog_target_s: float | None = None) -> dict[str, LiveRun]:
+    """Run every member's job under its load until the last load ends plus `drain_s`, and then, up to
+    `drain_max_s` in all, while any job's latest window has a backlog beyond `backlog_target_s` seconds of
+    its arrivals (a run that ends first leaves that lateness unmeasured); per job, what the agents
+    published about it. Every job first runs `warm_up_s` at `warm_up_rate` records/s (the load's
     start-up is not the measure; `stack.live.run_live` says why) and is registered `watched_s` before the
     warm-up ends (with `cluster`, registered first: the cluster they share); then every load starts at once.
     The runs' `started` is that moment for all of them."""
@@ -108,8 +111,10 @@ def run_fleet_live(settings: Settings, workdir: Path, members: list[Member], *, 
                 if runs[job].load_ended is None and load.poll() is not None:
                     runs[job].load_ended = now
             ended = [r.load_ended for r in runs.values()]
-            if all(e is not None for e in ended) and now >= max(e for e in ended if e is not None) + drain_s:
-                break
+            if all(e is not None for e in ended):
+                since = now - max(e for e in ended if e is not None)
+                if since >= max(drain_s, drain_max_s) or (since >= drain_s and not _late(runs, backlog_target_s)):
+                    break
         for job in loads:
             runs[job].load_summary = load_summary(workdir / f"load-{job}.log")
     finally:
@@ -118,3 +123,14 @@ def run_fleet_live(settings: Settings, workdir: Path, members: list[Member], *, 
         agents.stop()
         follow.close()
     return runs
+
+
+def _late(runs: dict[str, LiveRun], backlog_target_s: float | None) -> bool:
+    """Whether any job's latest window has a backlog beyond `backlog_target_s` seconds of its arrivals."""
+    if backlog_target_s is None:
+        return False
+    for run in runs.values():
+        latest = max((a for a in run.analyses if a.arrival_rate is not None), key=lambda a: a.window_end, default=None)
+        if latest is not None and (latest.backlog or 0) > backlog_target_s * latest.arrival_rate:
+            return True
+    return False
