@@ -72,7 +72,8 @@ def test_no_job_starves_while_the_budget_carries_every_jobs_arrivals(fleet: tupl
         # of the budget, and no job's share per weight exceeds another's by a slot
         assert out.price is None
         for job, b in bids.items():
-            assert out.slots[job] == b.minimum or b.cost(out.slots[job]) < b.cost(b.minimum)
+            flat = max(b.costs) - min(b.costs) <= 1e-3  # nothing measured: every slot counts
+            assert out.slots[job] == b.minimum or flat or b.cost(out.slots[job]) < b.cost(b.minimum)
         if not all(b.cost(p + 1) < b.cost(p) for b in bids.values() for p in range(b.minimum, b.wants)):
             return
         assert sum(out.slots.values()) == budget
