@@ -29,6 +29,7 @@ import json
 import math
 import tempfile
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -66,7 +67,7 @@ MEASURES = {"fleet_executor_seconds": ".0f", "worst_beyond_target_s": ".0f", "to
 app = typer.Typer(add_completion=False, help=__doc__)
 
 
-def beyond_target(windows: list[list[float]], target_s: float) -> tuple[float, float]:
+def beyond_target(windows: Sequence[Sequence[float]], target_s: float) -> tuple[float, float]:
     """A job's seconds beyond its backlog target and the records beyond it in its last window, from its
     windows (time from the load's start, arrival rate, backlog). Each window beyond the target counts the
     time since the window before it (the first: WINDOW_S): a job too busy to report publishes one window
@@ -183,7 +184,7 @@ def run_arm(arm: str, cluster: StandaloneCluster, budget: int, ports: tuple[int,
         cores = sampler.of(f"autoscaler-{m.job}")
         windows = [(round(a.window_end - began, 1), a.arrival_rate, a.backlog or 0) for a in runs[m.job].analyses
                    if a.arrival_rate is not None and a.window_end >= began]
-        late_s, left = beyond_target([list(w) for w in windows], knobs["backlog_target_s"])
+        late_s, left = beyond_target(windows, knobs["backlog_target_s"])
         jobs[m.job] = {"executor_seconds": round(executor_seconds(cores, began, end), 1),
                        "beyond_target_s": late_s, "beyond_at_end": round(left),
                        "lag_p95_s": round(measured["lag_p95_s"], 1),
