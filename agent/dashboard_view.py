@@ -15,6 +15,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from agent.explain import clock, is_suppression, numbers_text
+from contracts.analyses import records_beyond_target
 from plan.forecast_skill import LEAD_S, MAX_ERROR, MIN_SCORES
 from plan.policies.default import (
     FORECAST_MAX_OFFSET,
@@ -82,7 +83,7 @@ def health(last_analysis: dict[str, Any] | None, last_event: dict[str, Any] | No
     if last_event is not None and last_event.get("type") == "failed":
         return "rescale failed"
     backlog, arrival = last_analysis.get("backlog"), last_analysis.get("arrival_rate")
-    if backlog is not None and arrival is not None and backlog > backlog_target_s * arrival:
+    if backlog is not None and arrival is not None and records_beyond_target(backlog, arrival, backlog_target_s) > 0:
         return "behind"
     return "ok"
 

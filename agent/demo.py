@@ -246,7 +246,7 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
                     f"{', '.join(f'{d:g} s' for d in s['downtimes_s']) or 'none'})"),
         ("slot-seconds", f"{s['slot_seconds']:,} over {s['span_s']} s; {s['peak_slot_seconds']:,} at "
                          f"{s['peak_parallelism']} slots throughout ({saved:.0%} saved)"),
-        ("peak backlog", f"{s['peak_backlog']:,} records; {s['beyond_target_s'] or 0:.0f} s of windows beyond the "
+        ("peak backlog", f"{s['peak_backlog']:,} records; {s['beyond_target_s'] or 0:.0f} s beyond the "
                          "60-s target"),
         ("records", f"{'?' if s['records_in'] is None else format(s['records_in'], ',')} in, "
                     f"{s['records_out']:,} out"),

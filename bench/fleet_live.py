@@ -40,10 +40,12 @@ from rich.table import Table
 
 from bench.backends_live import CoreSampler
 from bench.common import RESULTS, table, write_result
+from contracts.analyses import records_beyond_target
 from contracts.decisions import EventType
 from contracts.fleet import ClusterConfig
 from evaluation.fleet import starvation_s
-from evaluation.live import live_measures
+from evaluation.live import first_window_s, live_measures
+from evaluation.simulator import seconds_beyond_target
 from plan.fleet import MOVE
 from stack.cluster import StandaloneCluster, start_cluster
 from stack.live import LiveRun
@@ -69,16 +71,13 @@ app = typer.Typer(add_completion=False, help=__doc__)
 
 def beyond_target(windows: Sequence[Sequence[float]], target_s: float) -> tuple[float, float]:
     """A job's seconds beyond its backlog target and the records beyond it in its last window, from its
-    windows (time from the load's start, arrival rate, backlog). Each window beyond the target counts the
-    time since the window before it (the first: WINDOW_S): a job too busy to report publishes one window
-    per long micro-batch, and counting its windows would undercount it."""
-    seconds, before = 0.0, None
-    for at, arrival, backlog in windows:
-        if backlog > target_s * (arrival or 0.0):
-            seconds += WINDOW_S if before is None else at - before
-        before = at
-    last = windows[-1] if windows else (0.0, 0.0, 0.0)
-    return seconds, max(0.0, last[2] - target_s * (last[1] or 0.0))
+    windows (time from the load's start, arrival rate, backlog), counted as every live measure counts them
+    (`evaluation.simulator.seconds_beyond_target`, the first window as long as the median between them)."""
+    if not windows:
+        return 0.0, 0.0
+    ends, arrival, backlog = (np.array(column, dtype=float) for column in zip(*windows, strict=True))
+    seconds = seconds_beyond_target(ends, np.nan_to_num(arrival), backlog, target_s, first_window_s(ends, WINDOW_S))
+    return seconds, records_beyond_target(windows[-1][2], windows[-1][1], target_s)
 
 
 def held_at(samples: list[list[float]], at: float) -> int:
@@ -105,7 +104,7 @@ def starvation(jobs: dict[str, dict[str, Any]], span_s: float, slot_rate: float,
             if seen:
                 _, arrival, backlog = seen[-1]
                 needs[i, j] = math.ceil(arrival / slot_rate - 1e-9)
-                late[i, j] = backlog > target_s * arrival
+                late[i, j] = records_beyond_target(backlog, arrival, target_s) > 0
     alone = np.eye(len(names), dtype=bool)  # job j's lateness only: its own starvation
     return {job: starvation_s(held, needs, late & alone[j], WINDOW_S, after_s) for j, job in enumerate(names)}
 

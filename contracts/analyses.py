@@ -118,3 +118,10 @@ class Analysis(Contract):
     forecast: ForecastView | None = None
     recovery: RecoveryView | None = None
     closed_at: float = Field(description="Wall time the window was closed (for end-to-end latency).")
+
+
+def records_beyond_target(backlog: float | None, arrival_rate: float | None, backlog_target_s: float) -> float:
+    """The records a backlog holds beyond its target, `backlog_target_s` seconds of arrivals: 0 within it or
+    without a backlog. The one definition of "beyond target" that measures, benchmarks and pages share
+    (`evaluation.simulator.seconds_beyond_target` is its form over a run's windows)."""
+    return max(0.0, float(backlog or 0) - backlog_target_s * float(arrival_rate or 0.0))

@@ -25,7 +25,7 @@ from rich.table import Table
 from contracts.decisions import EventType
 from evaluation.forecasts import forecast_stream
 from evaluation.model_files import WARM_UP_S
-from evaluation.simulator import WINDOW_S, PolicyRunner, simulate
+from evaluation.simulator import WINDOW_S, PolicyRunner, seconds_beyond_target, simulate
 from evaluation.suite import EvalSettings, eval_config
 from evaluation.traces import LOW_FRACTION, NATIVE_ROW_SECONDS, TRACE_FILES, TRACES, builtin_series, replay
 from infra.kafka import topic_partitions
@@ -90,11 +90,18 @@ def measured_since(run: LiveRun) -> float | None:
     return load_start(run) if run.watched_s > 0 else None
 
 
+def first_window_s(ends: np.ndarray, alone_s: float = WINDOW_S) -> float:
+    """How long a live run's first window counts: the median time between its windows (a compressed run
+    publishes a window every few seconds), `alone_s` (the run's window) with one window."""
+    return float(np.median(np.diff(ends))) if len(ends) > 1 else alone_s
+
+
 def live_measures(run: LiveRun, backlog_target_s: float, initial_parallelism: int = 1) -> dict[str, Any]:
     """The simulator's measures from what the agents published: windows (arrival, backlog) and the
     completed rescales (the parallelism is paid from the moment the job stopped for it). A watched
     warm-up's (`LiveRun.watched_s`) windows and actions, before the load began, are left out; its
-    rescales still set the parallelism the load began at."""
+    rescales still set the parallelism the load began at. Time beyond the target counts each late window
+    from the one before it (`seconds_beyond_target`), as the simulator's `as_measured_live` does."""
     load_began, after = load_start(run), measured_since(run)
     since = -math.inf if after is None else after
     windows = sorted((a for a in run.analyses if a.arrival_rate is not None and a.window_end > since),
@@ -111,7 +118,9 @@ def live_measures(run: LiveRun, backlog_target_s: float, initial_parallelism: in
         t, p = at, to
     paid += p * (end - t)
     lags = np.array([(a.backlog or 0) / a.arrival_rate if a.arrival_rate else 0.0 for a in windows])
-    beyond = sum(WINDOW_S for a in windows if (a.backlog or 0) > backlog_target_s * (a.arrival_rate or 0.0))
+    ends = np.array([a.window_end for a in windows])
+    beyond = seconds_beyond_target(ends, np.array([a.arrival_rate for a in windows]),
+                                   np.array([a.backlog or 0 for a in windows]), backlog_target_s, first_window_s(ends))
     return {"slot_seconds": paid, "beyond_target_s": beyond, "lag_p95_s": float(np.percentile(lags, 95)),
             "peak_backlog": float(max(a.backlog or 0 for a in windows)),
             "lag_max_s": float(lags.max()), "actions": len(run.of(EventType.COMPLETED, after)),

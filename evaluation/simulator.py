@@ -125,7 +125,22 @@ class Timeline:
         arrival = np.asarray(self.arrival, dtype=float)[counted]
         backlog = np.asarray(self.backlog, dtype=float)[counted]
         lags = np.divide(backlog, arrival, out=np.zeros_like(backlog), where=arrival > EPSILON)
-        return lags, self.window_s * int(np.count_nonzero(backlog > backlog_target_s * arrival + EPSILON))
+        ends = self.window_s * (np.flatnonzero(counted) + 1.0)
+        return lags, seconds_beyond_target(ends, arrival, backlog, backlog_target_s, self.window_s)
+
+
+def seconds_beyond_target(ends: np.ndarray, arrival: np.ndarray, backlog: np.ndarray, backlog_target_s: float,
+                          first_s: float) -> float:
+    """Seconds a job's backlog was beyond its target (`contracts.analyses.records_beyond_target` above 0)
+    over its windows, given as their ends (ascending), arrival rates and backlogs. Each window beyond the
+    target counts the time since the window before it (the first, `first_s`): a job too busy to report, or
+    down for a restart, publishes seldom, and counting its windows would undercount it."""
+    ends = np.asarray(ends, dtype=float)
+    if ends.size == 0:
+        return 0.0
+    late = np.asarray(backlog, dtype=float) > backlog_target_s * np.asarray(arrival, dtype=float) + EPSILON
+    spans = np.diff(ends, prepend=ends[0] - first_s)
+    return float(spans[late].sum())
 
 
 @dataclass
@@ -158,8 +173,9 @@ class PolicyRun:
     def as_measured_live(self, backlog_target_s: float) -> dict[str, float]:
         """Peak backlog, 95th-percentile lag and time beyond the target over the windows the job reported
         in, as a live run measures them (`evaluation.live.live_measures`: no window is published while
-        the job is down for a restart, so a restart's peak is seen only once the job reports again). The
-        run's own measures count every window's true backlog."""
+        the job is down for a restart, so a restart's peak is seen only once the job reports again, and a
+        window beyond the target counts the time since the last one reported). The run's own measures count
+        every window's true backlog."""
         seen = np.asarray(self.timeline.observed, dtype=bool)
         if not seen.any():
             return {"peak_backlog": 0.0, "lag_p95_s": 0.0, "beyond_target_s": 0.0}

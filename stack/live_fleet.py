@@ -18,6 +18,7 @@ from subprocess import Popen
 
 from confluent_kafka import Consumer
 
+from contracts.analyses import records_beyond_target
 from contracts.fleet import ClusterConfig
 from contracts.settings import Settings
 from infra.kafka import ensure_topics, group_consumer_config
@@ -131,6 +132,6 @@ def _late(runs: dict[str, LiveRun], backlog_target_s: float | None) -> bool:
         return False
     for run in runs.values():
         latest = max((a for a in run.analyses if a.arrival_rate is not None), key=lambda a: a.window_end, default=None)
-        if latest is not None and (latest.backlog or 0) > backlog_target_s * latest.arrival_rate:
+        if latest is not None and records_beyond_target(latest.backlog, latest.arrival_rate, backlog_target_s) > 0:
             return True
     return False

@@ -381,6 +381,26 @@ def test_a_simulated_run_measured_as_live_leaves_out_the_windows_the_job_was_dow
     assert measured["peak_backlog"] < run.peak_backlog
 
 
+def test_time_beyond_target_counts_each_late_window_from_the_one_before() -> None:
+    """One measure for the simulator, the live runs and the benchmarks: a late window counts the time since
+    the window before it, so a job that reports seldom (busy, or down for a restart) is not undercounted."""
+    from contracts.analyses import records_beyond_target
+    from evaluation.simulator import Timeline, seconds_beyond_target
+
+    assert records_beyond_target(3_000, 100.0, 20.0) == 1_000.0
+    assert records_beyond_target(2_000, 100.0, 20.0) == 0.0 and records_beyond_target(None, None, 20.0) == 0.0
+    ends, arrival = np.array([5.0, 20.0, 40.0, 60.0]), np.full(4, 100.0)
+    backlog = np.array([0.0, 5_000.0, 5_000.0, 0.0])
+    assert seconds_beyond_target(ends, arrival, backlog, 20.0, first_s=5.0) == 35.0  # 15 s since 5, 20 since 20
+    assert seconds_beyond_target(ends[1:2], arrival[1:2], backlog[1:2], 20.0, first_s=5.0) == 5.0
+    assert seconds_beyond_target(np.array([]), np.array([]), np.array([]), 20.0, first_s=5.0) == 0.0
+    # The simulator: a window the job did not report in (down) counts with the next late one it reports.
+    timeline = Timeline(arrival=[100.0] * 4, backlog=[0.0, 9_000.0, 9_000.0, 0.0], window_s=10.0)
+    seen = np.array([True, False, True, True])
+    assert timeline.backlog_measures(seen, 60.0)[1] == 20.0
+    assert timeline.backlog_measures(np.ones(4, dtype=bool), 60.0)[1] == 20.0
+
+
 def test_a_long_live_runs_drift_compares_its_first_and_last_spans() -> None:
     from evaluation.live import drift_summary
 
