@@ -18,7 +18,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -73,6 +73,26 @@ def expected_restart_time(recent_downtimes: Sequence[float], default_s: float, c
 STATE_FIT_MIN = 3
 
 
+@lru_cache(maxsize=4096)
+def _state_slope(up: tuple[float, ...], up_state: tuple[int | None, ...], down: tuple[float, ...],
+                 down_state: tuple[int | None, ...]) -> float:
+    """`Downtimes.state_slope` on its lists (each restart's seconds and its state's rows, None where
+    unknown, aligned from the newest), cached: every read of a plan state's restarts asks for it, and
+    the lists change only when a restart is measured."""
+    slopes: list[float] = []
+    known = 0
+    for measured, sizes in ((up, up_state), (down, down_state)):
+        rows = (None,) * (len(measured) - len(sizes)) + sizes
+        points = [(float(r), seconds) for seconds, r in zip(measured, rows, strict=True)
+                  if r is not None and math.isfinite(seconds) and seconds >= 0]
+        known += len(points)
+        slopes += [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1:]
+                   if x2 != x1]
+    if known < STATE_FIT_MIN or not slopes:
+        return 0.0
+    return max(0.0, statistics.median(slopes))
+
+
 class Downtimes(_Part):
     """Measured restarts (seconds) per direction, oldest first, at most `DOWNTIMES_KEPT` each; beside
     each, the rows in the job's state when it restarted (`up_state`, `down_state`, aligned with the
@@ -82,6 +102,8 @@ class Downtimes(_Part):
     down: list[float] = Field(default_factory=list)
     up_state: list[int | None] = Field(default_factory=list)
     down_state: list[int | None] = Field(default_factory=list)
+    # Of each restart, the seconds that reload the state (the same both ways), set by `at_state`: 0 as stored.
+    reload_s: float = Field(0.0, exclude=True)
 
     def expected(self, direction: Direction, default_s: float, cap_s: float = math.inf,
                  recent: int = 5) -> float:
@@ -99,15 +121,21 @@ class Downtimes(_Part):
 
     def typical(self, direction: Direction, default_s: float, recent: int = 5) -> float:
         """The restart a prediction of what will be observed expects: the median of the `recent` last
-        measured ones in `direction`; else the other direction's, scaled by DOWN_TO_UP (a scale-in's is
-        about half a scale-out's); else `default_s` for a scale-out and DOWN_TO_UP of it for a scale-in."""
+        measured ones in `direction`; else the other direction's, its part beyond the state's reload
+        (`reload_s`) scaled by DOWN_TO_UP (a scale-in's is about half a scale-out's: no new resources to
+        start, but a stateful query reloads its state either way); else `default_s` for a scale-out and
+        DOWN_TO_UP of it for a scale-in."""
         direction = Direction.parse(direction)
         # Each direction's restart, relative to a scale-out's.
         scale = {Direction.UP: 1.0, Direction.DOWN: DOWN_TO_UP}
         for side in (direction, direction.other):
             measured = [d for d in self.measured(side)[-recent:] if math.isfinite(d) and d >= 0]
             if measured:
-                return statistics.median(measured) * scale[direction] / scale[side]
+                median = statistics.median(measured)
+                if side is direction:
+                    return median
+                reload = min(self.reload_s, median)
+                return (median - reload) * scale[direction] / scale[side] + reload
         return default_s * scale[direction]
 
     def restart_time(self, default_s: float, cap_s: float) -> float | None:
@@ -140,18 +168,8 @@ class Downtimes(_Part):
         robust to a slow outlier; never below 0. 0 until `STATE_FIT_MIN` such restarts and a pair at two
         sizes. Restart time grows with the state a restart reloads (Spark's state store loads each
         partition's state from the checkpoint)."""
-        slopes: list[float] = []
-        known = 0
-        for direction in Direction:
-            points = [(float(rows), seconds)
-                      for seconds, rows in zip(self.measured(direction), self.state_rows(direction), strict=True)
-                      if rows is not None and math.isfinite(seconds) and seconds >= 0]
-            known += len(points)
-            slopes += [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1:]
-                       if x2 != x1]
-        if known < STATE_FIT_MIN or not slopes:
-            return 0.0
-        return max(0.0, statistics.median(slopes))
+        return _state_slope(tuple(self.up), tuple(self.up_state[-len(self.up):] if self.up else ()),
+                            tuple(self.down), tuple(self.down_state[-len(self.down):] if self.down else ()))
 
     def at_state(self, rows: int | None) -> Downtimes:
         """These restarts as if each had reloaded `rows` rows of state: each measured one whose state
@@ -162,12 +180,13 @@ class Downtimes(_Part):
         if slope <= 0.0:
             return self
         assert rows is not None
+        reload_s = slope * rows
 
         def moved(direction: Direction) -> list[float]:
             return [max(0.0, seconds + slope * (rows - size)) if size is not None else seconds
                     for seconds, size in zip(self.measured(direction), self.state_rows(direction), strict=True)]
 
-        return self.model_copy(update={"up": moved(Direction.UP), "down": moved(Direction.DOWN)})
+        return self.model_copy(update={"up": moved(Direction.UP), "down": moved(Direction.DOWN), "reload_s": reload_s})
 
 
 class RateSample(_Part):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from contracts.analyses import Analysis
 from contracts.decisions import Action
 from contracts.jobs import JobConfig
-from contracts.plan_state import Downtimes, PlanState
+from contracts.plan_state import DOWN_TO_UP, Downtimes, PlanState
 from plan.controls import partition_units
 from plan.kernel import finish, plan
 from plan.policies.threshold import ThresholdPolicy
@@ -133,6 +133,20 @@ def test_the_restart_slope_is_fitted_robustly_and_moves_restarts_to_the_state_si
     assert at.down == pytest.approx([5.0 + slope * 4e6, 35.0 + slope * 3e6])
     assert at.typical("up", 30.0) > d.typical("up", 30.0)
     assert d.at_state(None) == d
+
+
+def test_a_scale_in_estimated_from_scale_outs_halves_only_what_is_not_the_states_reload() -> None:
+    """A stateful query reloads its state in either direction: a scale-in measured from scale-outs alone is
+    half their start-up (DOWN_TO_UP), plus the whole reload at the state's size now."""
+    d = Downtimes()
+    for rows, seconds in [(0, 10.0), (1_000_000, 20.0), (2_000_000, 30.0)]:
+        d = d.add("up", seconds, rows)  # 10 s to start, 10 s per million rows
+    at = d.at_state(3_000_000)
+    assert at.reload_s == pytest.approx(30.0) and at.typical("up", 99.0) == pytest.approx(40.0)
+    assert at.typical("down", 99.0) == pytest.approx(10.0 * DOWN_TO_UP + 30.0)  # not 40 x DOWN_TO_UP
+    stateless = Downtimes(up=[10.0, 12.0, 14.0])
+    assert stateless.at_state(3_000_000).typical("down", 99.0) == pytest.approx(12.0 * DOWN_TO_UP)
+    assert "reload_s" not in at.model_dump()  # derived, never stored
 
 
 def test_no_slope_from_too_few_restarts_or_one_size() -> None:
