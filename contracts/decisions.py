@@ -57,10 +57,11 @@ class ScalingDecision(Contract):
     )
     operator_targets: dict[str, int] = Field(
         default_factory=dict, description="Per-operator parallelism where operators scale independently "
-        "(`per_operator`): each operator's planned parallelism, its current one when the plan holds. The "
-        "controls (step bounds, partition alignment, the slot quota) change `to_parallelism` only, and the "
-        "rescale command carries `to_parallelism` only. DS2's `action` is `scale_up` when any operator grows, "
-        "else `scale_down`: with operators moving both ways, `to_parallelism` can be below `from_parallelism`."
+        "(`per_operator`): each operator's planned parallelism, its current one when the plan holds. A "
+        "control that trims `to_parallelism` (step bounds, partition alignment, the state partitions, the "
+        "slot quota) caps every target at it; the rescale command carries `to_parallelism` only. DS2's "
+        "`action` is `scale_up` when any operator grows, else `scale_down`: with operators moving both ways, "
+        "`to_parallelism` can be below `from_parallelism`."
     )
     policy: str
     target_utilization: float

@@ -94,7 +94,10 @@ def settle(plan: Plan | None, current: int, verdict: Verdict, cite: bool = False
         return plan
     reason = plan.reason.model_copy(update={"message": "; ".join([plan.reason.message, verdict.note]),
                                             "numbers": {**plan.reason.numbers, **verdict.numbers}})
-    return replace(plan, action=direction(current, verdict.to), to_parallelism=verdict.to, reason=reason)
+    # The plan's parallelism is its largest operator's: a trim below it caps every operator's target.
+    targets = {op: min(p, verdict.to) for op, p in plan.operator_targets.items()}
+    return replace(plan, action=direction(current, verdict.to), to_parallelism=verdict.to, reason=reason,
+                   operator_targets=targets)
 
 
 def apply_gates(gates: Sequence[Gate], plan: Plan | None, state: PlanState, analysis: Analysis, config: JobConfig,

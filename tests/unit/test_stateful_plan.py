@@ -50,6 +50,21 @@ def test_a_scale_up_beyond_the_state_partitions_is_trimmed_to_them_and_says_so()
     assert decided.decision.recommended_parallelism == 9
 
 
+def test_the_cap_trims_every_operators_target_too() -> None:
+    """A job planned per operator: the plan's parallelism is its largest operator's, so the cap that
+    trims it caps each operator's target (none planned beyond the state partitions)."""
+    from contracts.decisions import DecisionReason
+    from plan.gates import apply_gates
+    from plan.policy import Plan
+    from plan.stateful import StatePartitionCap
+
+    proposal = Plan(Action.SCALE_UP, 12, DecisionReason(code="ds2_optimal", rule="ds2", message="DS2"),
+                    operator_targets={"source": 6, "agg": 12, "sink": 9}, recommended=12)
+    gated = apply_gates((StatePartitionCap(),), proposal, PlanState(), analysis(0.95, 6, partitions=8), CONFIG)
+    assert gated.plan is not None and gated.plan.to_parallelism == 8
+    assert gated.plan.operator_targets == {"source": 6, "agg": 8, "sink": 8}
+
+
 def test_a_job_at_its_state_partitions_is_held_there() -> None:
     decided = decide(analysis(0.95, 8, partitions=8))
     assert decided.decision.action is Action.NONE
