@@ -140,7 +140,7 @@ def measure(run: LiveRun, name: str, options: dict[str, str], bootstrap: str, be
         "slot_seconds": round(executor_seconds(timeline, began, end), 1),
         "slot_source": "master" if samples is not None else "parallelism",
         "max_executors": max((c for t, c in timeline if began <= t <= end), default=start),
-        "actions": len(run.of(EventType.COMPLETED, since)), "failed": len(run.of(EventType.FAILED, since)),
+        "actions": agents.get("actions"), "failed": agents.get("failed"),  # None: the agents published nothing
         "executor_changes": changes(samples, began, end) if samples is not None else None,
         "input_records": len(inputs), "output_records": len(outputs), "closed_before": bound,
         # Records the job had not read when the run ended: what they would have written counts as lost.

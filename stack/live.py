@@ -101,7 +101,8 @@ class LiveRun:
                   f"downtime={e.downtime_s or ''} {e.error or ''} {json.dumps(e.numbers) if e.numbers else ''}")
                  for e in self.events]
         lines += [(a.window_end - t0, f"window p={a.parallelism} valid={a.valid} arrival={a.arrival_rate or 0:.0f} "
-                   f"backlog={a.backlog} capacity={a.capacity.current if a.capacity else None} "
+                   f"backlog={a.backlog} processed={a.observed_processing_rate:.0f} ds2={a.true_processing_rate:.0f} "
+                   f"util={a.utilization:.2f} capacity={a.capacity.current if a.capacity else None} "
                    f"forecast={a.forecast.method if a.forecast else None}") for a in self.analyses]
         lines += [(d.timestamp - t0, f"decision {d.action.value} {d.from_parallelism}->{d.to_parallelism} "
                    f"[{d.reason.code}] {d.reason.message} {json.dumps(d.reason.numbers)}")

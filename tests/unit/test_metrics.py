@@ -130,6 +130,26 @@ def test_sample_from_progress_json() -> None:
     assert (s.input_rows, s.sink_rows, s.processed, s.log_end) == (42, None, {0: 43}, {0: 50})
 
 
+def test_a_batch_counts_the_records_its_source_read_once_however_often_the_query_scans_it() -> None:
+    """A stream-stream self-join scans its one source twice, and Spark's numInputRows counts both scans;
+    the records read are the source's offsets apart. Without both offsets, numInputRows stands."""
+    progress = {
+        "timestamp": "2024-05-01T12:00:00.500Z", "numInputRows": 84, "durationMs": {"triggerExecution": 1500},
+        "sources": [{"startOffset": {"0": 1, "1": 10}, "endOffset": {"0": 23, "1": 30},
+                     "latestOffset": {"0": 50, "1": 30}, "numInputRows": 84}],
+    }
+    assert sample_from_progress(progress).input_rows == 42
+    # A query's first batch has no start offsets: read from 0 (live, its first batch read 2,000 records
+    # as 750, 750 and 500 in three partitions, and numInputRows said 4,000).
+    first = {**progress, "numInputRows": 4000,
+             "sources": [{**progress["sources"][0], "startOffset": None, "endOffset": {"0": 750, "1": 750, "2": 500}}]}
+    assert sample_from_progress(first).input_rows == 2000
+    latest = {**first, "numInputRows": 100}  # a first batch from the log's end: fewer rows than offsets
+    assert sample_from_progress(latest).input_rows == 100
+    two = {**progress, "sources": [progress["sources"][0], {"endOffset": {"0": 5}}]}
+    assert sample_from_progress(two).input_rows == 84
+
+
 def test_aggregator_counts_the_micro_batches_that_read_records_and_their_time() -> None:
     agg = IntervalAggregator(job_id="j", started_at=0.0)
     agg.add(sample(0.0, 100, {0: 100}, {0: 100}))
