@@ -5,7 +5,9 @@
     reporter.close()
 
 A StreamingQueryListener turns progress events into one report per `min_interval_s`:
-  records_in    numInputRows of the batches in the interval;
+  records_in    the records the interval's batches read: per batch the smaller of numInputRows and the
+                source's offsets apart (`pipeline.metrics.rows_read`: a self-join counts each record
+                twice in numInputRows);
   records_out   the job's own count (`OutputCounter`) if it keeps one, else the sink's row count
                 when the sink reports it, else records_in;
   busy_time_s   executorRunTime summed over the stages that completed in the interval, read from
