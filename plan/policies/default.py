@@ -167,7 +167,8 @@ class CostPlanner:
         memory = PlannerMemory.model_validate(state.policy_state) if state.policy_state else PlannerMemory()
         now = analysis.window_end
         if analysis.arrival_rate is not None:
-            level, shifted = update_level(memory.level, now, analysis.arrival_rate)
+            # The level averages at most the job's metrics window (`metrics_window_s`), as its other rates do.
+            level, shifted = update_level(memory.level, now, analysis.arrival_rate, config.metrics_window_s)
             # A forecast fitted across a level shift has not been seen on the new level: it earns trust anew.
             skill = note(ForecastSkill() if shifted else memory.skill, now, level.level(), analysis.forecast)
             memory = memory.model_copy(update={"level": level, "skill": skill})

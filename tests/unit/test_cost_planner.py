@@ -293,3 +293,18 @@ def test_a_fixed_task_count_runs_in_waves_and_the_plan_never_pays_for_an_idle_sl
 
     assert first_scale_up(None) == 3
     assert first_scale_up(4) == 4
+
+
+def test_the_arrival_level_is_averaged_over_the_jobs_metrics_window() -> None:
+    """The level the plan starts from averages at most the job's `metrics_window_s` (its default, 60 s): a
+    job whose time constants are compressed sets it shorter, and its level then lags a ramp by half that."""
+    planner, quick, slow = CostPlanner(), PlanState(), PlanState()
+    config = JobConfig(max_parallelism=8, metrics_window_s=10.0)
+    for i in range(24):  # 5-s windows of a steady load, 1 % apart
+        a = window(5.0 * i, 4, 300.0 * (1.01 if i % 2 else 1.0))
+        quick, _ = planner.decide(quick, a, config)
+        slow, _ = planner.decide(slow, a, JobConfig(max_parallelism=8))
+    points = {name: PlannerMemory.model_validate(s.policy_state).level.points for name, s in (("quick", quick),
+                                                                                               ("slow", slow))}
+    assert [t for t, _ in points["quick"]] == [110.0, 115.0]
+    assert [t for t, _ in points["slow"]] == [5.0 * i for i in range(12, 24)]
