@@ -76,13 +76,12 @@ STATE_FIT_MIN = 3
 @lru_cache(maxsize=4096)
 def _state_slope(up: tuple[float, ...], up_state: tuple[int | None, ...], down: tuple[float, ...],
                  down_state: tuple[int | None, ...]) -> float:
-    """`Downtimes.state_slope` on its lists (each restart's seconds and its state's rows, None where
-    unknown, aligned from the newest), cached: every read of a plan state's restarts asks for it, and
-    the lists change only when a restart is measured."""
+    """`Downtimes.state_slope` on its lists (each restart's seconds and its state's rows, `state_rows`),
+    cached: every read of a plan state's restarts asks for it, and the lists change only when a restart
+    is measured."""
     slopes: list[float] = []
     known = 0
-    for measured, sizes in ((up, up_state), (down, down_state)):
-        rows = (None,) * (len(measured) - len(sizes)) + sizes
+    for measured, rows in ((up, up_state), (down, down_state)):
         points = [(float(r), seconds) for seconds, r in zip(measured, rows, strict=True)
                   if r is not None and math.isfinite(seconds) and seconds >= 0]
         known += len(points)
@@ -168,8 +167,8 @@ class Downtimes(_Part):
         robust to a slow outlier; never below 0. 0 until `STATE_FIT_MIN` such restarts and a pair at two
         sizes. Restart time grows with the state a restart reloads (Spark's state store loads each
         partition's state from the checkpoint)."""
-        return _state_slope(tuple(self.up), tuple(self.up_state[-len(self.up):] if self.up else ()),
-                            tuple(self.down), tuple(self.down_state[-len(self.down):] if self.down else ()))
+        return _state_slope(tuple(self.up), tuple(self.state_rows(Direction.UP)),
+                            tuple(self.down), tuple(self.state_rows(Direction.DOWN)))
 
     def at_state(self, rows: int | None) -> Downtimes:
         """These restarts as if each had reloaded `rows` rows of state: each measured one whose state
