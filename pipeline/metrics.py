@@ -202,30 +202,28 @@ def sample_from_progress(progress: Mapping[str, Any] | Any) -> ProgressSample:
     source = sources[0] if sources else None
     rows = _field(get("sink"), "numOutputRows")
     sink_rows = int(rows) if rows is not None and int(rows) >= 0 else None  # None: the sink does not count
-    input_rows, read = int(get("numInputRows") or 0), rows_read(sources)
+    processed = off.parse_progress_offsets(_field(source, "endOffset"))
+    input_rows, read = int(get("numInputRows") or 0), rows_read(sources, processed)
     return ProgressSample(
         trigger_start=parse_spark_timestamp(str(get("timestamp"))),
         duration_s=float(durations.get("triggerExecution", 0) or 0) / 1000.0,
         input_rows=input_rows if read is None else min(input_rows, read),
         sink_rows=sink_rows,
-        processed=off.parse_progress_offsets(_field(source, "endOffset")),
+        processed=processed,
         log_end=off.parse_progress_offsets(_field(source, "latestOffset")),
         state=state_from_progress(get("stateOperators")),
         watermark=watermark_from_progress(get("eventTime")),
     )
 
 
-def rows_read(sources: Sequence[Any]) -> int | None:
-    """At most the records a batch read from its one source: its end offsets less its start offsets (a
+def rows_read(sources: Sequence[Any], end: off.OffsetMap) -> int | None:
+    """At most the records a batch read from its one source: its end offsets (`end`) less its start offsets (a
     query's first batch has no start: from 0, so at most); None without end offsets or with several
     sources. Spark's numInputRows counts each scan of a source: a query that reads its source twice (a
     stream-stream self-join, as Nexmark's Q8 splits one event stream into two sides) counts each record
     twice (live: 2,000 records, numInputRows 4,000), and a DS2 rate per record on it is twice the query's
     capacity. Both are bounds from above, so a batch counts the smaller."""
-    if len(sources) != 1:
-        return None
-    end = off.parse_progress_offsets(_field(sources[0], "endOffset"))
-    if not end:
+    if len(sources) != 1 or not end:
         return None
     return off.count_records(off.parse_progress_offsets(_field(sources[0], "startOffset")), end)
 
