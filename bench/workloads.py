@@ -21,9 +21,9 @@ Per run: the event-time latency from event to sink, mean and p95, from the sink'
 newest event time, `tests.support.backends.row_event_time`, against its Kafka record's timestamp, over the
 rows written from the load's start), beside the analyses' output lag; slot-seconds (cluster arms: the
 cores the master granted, sampled every second; the local arm: its parallelism over time) from the load's
-start to the end of the drain (`--drain-s`); our completed rescales and the executor changes the master
-showed; records lost, duplicated, mismatched and unexpected (`pipeline.workloads.check`, over the windows
-the watermark closed), checked once the job has read all its input (up to `--catch-up-s` after the drain,
+start to the end of the drain (`--drain-s`); our completed rescales (those decided in the warm-up apart)
+and the executor changes the master showed; records lost, duplicated, mismatched and unexpected
+(`pipeline.workloads.check`, over the windows the watermark closed), checked once the job has read all its input (up to `--catch-up-s` after the drain,
 not measured; the records still unread then are shown, and what they would have written counts as lost);
 each rescale's predicted against observed recovery time. Prints a table (median [worst] of the
 runs) and writes JSON after every run.
@@ -83,7 +83,7 @@ PATTERNS = {"step": "steps:100:30,400:90", "cosine": "cosine:240:160:120"}
 LOCAL_ARMS = ("restart",)
 MEASURES = {"latency_mean_s": ".1f", "latency_p95_s": ".1f", "output_lag_p95_s": ".1f", "slot_seconds": ".0f",
             "lost": ".0f", "duplicated": ".0f", "unread_at_end": ".0f", "recovery_error": ".2f"}
-LISTED = ("actions", "executor_changes", "recoveries")
+LISTED = ("actions", "warm_up_actions", "executor_changes", "recoveries")
 app = typer.Typer(add_completion=False, help=__doc__)
 
 
@@ -141,6 +141,7 @@ def measure(run: LiveRun, name: str, options: dict[str, str], bootstrap: str, be
         "slot_source": "master" if samples is not None else "parallelism",
         "max_executors": max((c for t, c in timeline if began <= t <= end), default=start),
         "actions": agents.get("actions"), "failed": agents.get("failed"),  # None: the agents published nothing
+        "warm_up_actions": agents.get("warm_up_actions"),  # decided before the load, finished in it or not
         "executor_changes": changes(samples, began, end) if samples is not None else None,
         "input_records": len(inputs), "output_records": len(outputs), "closed_before": bound,
         # Records the job had not read when the run ended: what they would have written counts as lost.
@@ -299,7 +300,7 @@ def main(
 def print_table(console: Console, rows: list[dict[str, Any]], repeats: int) -> None:
     result = table(f"workloads live: median \\[worst] of the runs ({repeats} round(s) asked)", "workload", "pattern",
                    "arm", "runs", "latency mean s", "latency p95 s", "output lag p95 s", "slot-s", "lost",
-                   "duplicated", "unread at end", "recovery error", "actions", "executor changes",
+                   "duplicated", "unread at end", "recovery error", "actions", "warm-up actions", "executor changes",
                    "recoveries (predicted, observed)")
     done = [r for r in rows if "error" not in r]
     cells = summarize_cells(done, ("workload", "pattern", "arm"), MEASURES, LISTED)

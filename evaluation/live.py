@@ -99,8 +99,9 @@ def first_window_s(ends: np.ndarray, alone_s: float = WINDOW_S) -> float:
 def live_measures(run: LiveRun, backlog_target_s: float, initial_parallelism: int = 1) -> dict[str, Any]:
     """The simulator's measures from what the agents published: windows (arrival, backlog) and the
     completed rescales (the parallelism is paid from the moment the job stopped for it). A watched
-    warm-up's (`LiveRun.watched_s`) windows and actions, before the load began, are left out; its
-    rescales still set the parallelism the load began at. Time beyond the target counts each late window
+    warm-up's (`LiveRun.watched_s`) windows, before the load began, are left out, and so are its actions:
+    the rescales started before the load began, even those that finish after it (`warm_up_actions`); they
+    still set the parallelism the load began at. Time beyond the target counts each late window
     from the one before it (`seconds_beyond_target`), as the simulator's `as_measured_live` does."""
     load_began, after = load_start(run), measured_since(run)
     since = -math.inf if after is None else after
@@ -123,10 +124,11 @@ def live_measures(run: LiveRun, backlog_target_s: float, initial_parallelism: in
                                    np.array([a.backlog or 0 for a in windows]), backlog_target_s, first_window_s(ends))
     return {"slot_seconds": paid, "beyond_target_s": beyond, "lag_p95_s": float(np.percentile(lags, 95)),
             "peak_backlog": float(max(a.backlog or 0 for a in windows)),
-            "lag_max_s": float(lags.max()), "actions": len(run.of(EventType.COMPLETED, after)),
-            "failed": len(run.of(EventType.FAILED, after)), "windows": len(windows), "span_s": end - begin,
+            "lag_max_s": float(lags.max()), "actions": len(run.rescales(EventType.COMPLETED, after)),
+            "warm_up_actions": len(run.rescales(EventType.COMPLETED, after, before=True)),
+            "failed": len(run.rescales(EventType.FAILED, after)), "windows": len(windows), "span_s": end - begin,
             "start_s": round(begin - load_began, 1),
-            "downtimes_s": [e.downtime_s for e in run.of(EventType.COMPLETED, after)]}
+            "downtimes_s": [e.downtime_s for e in run.rescales(EventType.COMPLETED, after)]}
 
 
 def simulated_replay(trace_name: str, policy: str, settings: EvalSettings, minutes: float,

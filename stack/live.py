@@ -76,6 +76,16 @@ class LiveRun:
         """The events of `kind`, those from `since` on (epoch seconds) if given."""
         return [e for e in self.events if e.type is kind and (since is None or e.timestamp >= since)]
 
+    def rescales(self, kind: EventType, since: float | None = None, before: bool = False) -> list[ScalingEvent]:
+        """The rescales' events of `kind` (`completed` or `failed`) whose rescale started from `since` on
+        (epoch seconds), or `before` it: a rescale counts where it was decided, not where it ended, so one
+        decided in a warm-up and finished after the load began is the warm-up's. Without `since`, all."""
+        started = {e.decision_id: e.timestamp for e in self.of(EventType.STARTED)}
+        events = self.of(kind)
+        if since is None:
+            return [] if before else events
+        return [e for e in events if (started.get(e.decision_id, e.timestamp) < since) == before]
+
     def recovery_open(self) -> bool:
         """Whether the last rescale that completed has not been timed yet: no `recovered` event since."""
         completed = self.of(EventType.COMPLETED)

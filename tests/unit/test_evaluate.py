@@ -363,6 +363,16 @@ def test_a_watched_warm_ups_windows_and_actions_are_not_the_loads() -> None:
     assert run.recoveries(since=100.0) == [] and len(run.recoveries()) == 1
     unwatched = LiveRun(started=100.0, load_summary={"began_at": 100.0}, analyses=run.analyses, events=run.events)
     assert live_measures(unwatched, backlog_target_s=60.0)["actions"] == 1
+    # A rescale started in the warm-up (at 96 s) and finished in the load (at 104 s) is the warm-up's; one
+    # started in the load is the load's.
+    def event(decision: str, kind: EventType, at: float) -> ScalingEvent:
+        return ScalingEvent(decision_id=decision, job_id="j", type=kind, timestamp=at, from_parallelism=2,
+                            to_parallelism=3, downtime_s=1.0)
+    run.events = [completed, event("e", EventType.STARTED, 96.0), event("e", EventType.COMPLETED, 104.0),
+                  event("f", EventType.STARTED, 150.0), event("f", EventType.COMPLETED, 158.0)]
+    measured = live_measures(run, backlog_target_s=60.0)
+    assert (measured["actions"], measured["warm_up_actions"]) == (1, 2)
+    assert measured["downtimes_s"] == [1.0]
 
 
 def test_a_simulated_run_measured_as_live_leaves_out_the_windows_the_job_was_down() -> None:
