@@ -23,10 +23,10 @@ rows written from the load's start), beside the analyses' output lag; slot-secon
 cores the master granted, sampled every second; the local arm: its parallelism over time) from the load's
 start to the end of the drain (`--drain-s`); our completed rescales (those decided in the warm-up apart)
 and the executor changes the master showed; records lost, duplicated, mismatched and unexpected
-(`pipeline.workloads.check`, over the windows the watermark closed), checked once the job has read all its input (up to `--catch-up-s` after the drain,
-not measured; the records still unread then are shown, and what they would have written counts as lost);
-each rescale's predicted against observed recovery time. Prints a table (median [worst] of the
-runs) and writes JSON after every run.
+(`pipeline.workloads.check`, over the windows the watermark closed), checked once the job has read all its
+input (up to `--catch-up-s` after the drain, not measured; the records still unread then are shown, and
+what they would have written counts as lost); each rescale's predicted against observed recovery time.
+Prints a table (median [worst] of the runs) and writes JSON after every run.
 """
 
 from __future__ import annotations
