@@ -5,8 +5,9 @@ reads, and later its commit, in the same turn of the loop. Each of those is one 
 its own), and sent one by one, each pays a round trip's client work (the connection, the timeouts,
 the task switch): at 3,000 jobs that was most of a stage's time in Redis. Queued together they go in
 one pipeline (not a transaction: each script is atomic already), and the client's work per call falls
-several times (docs/reliability.md, "Load"). On a Redis Cluster each call goes alone: redis-py's
-cluster client refuses scripts in a pipeline.
+several times (docs/reliability.md, "Load"). On a Redis Cluster the same pipeline goes to every node
+holding one of its calls' keys at once (redis-py's cluster pipeline splits it by hash slot): one round
+trip per node, concurrently. A call's keys are one job's or the shared ones, one slot either way.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ class BatchedScripts:
 
     def __init__(self, client: aioredis.Redis | RedisCluster):
         self.client = client
-        self._pipelined = not isinstance(client, RedisCluster)
         self._encode = client.get_encoder().encode
         self._pending: list[tuple[AsyncScript, Sequence[Any], Sequence[Any], asyncio.Future[Any]]] = []
         self._flushing: set[asyncio.Task[None]] = set()  # held until done: the loop keeps only weak references
@@ -39,8 +39,6 @@ class BatchedScripts:
         self.calls = 0  # calls sent in them
 
     async def call(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any] = ()) -> Any:
-        if not self._pipelined:
-            return await script(keys=keys, args=args)
         # Encoded here, so an argument Redis cannot take (None, a bool) fails this call, not its pipeline.
         keys, args = [self._encode(k) for k in keys], [self._encode(a) for a in args]
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -59,7 +57,9 @@ class BatchedScripts:
         try:
             async with self.client.pipeline(transaction=False) as pipe:
                 for script, keys, args, _ in pending:
-                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                    # As a command, not `evalsha`: the cluster pipeline routes it by its keys' slot but
+                    # refuses the method.
+                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
                 replies = await pipe.execute(raise_on_error=False)
             missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
             if missing:
