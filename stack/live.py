@@ -154,7 +154,9 @@ def run_live(
     `--backend`, Spark `--conf`s, a `--report-interval`: by default half the agents' window), which
     starts the job at `parallelism`. `workload` says which job
     runs and what its load sends (default the demo job and its records); its entry point is added to
-    the runner's allowed entry points. The broker and Redis of `settings` must be running."""
+    the runner's allowed entry points. The broker and Redis of `settings` must be running. The job is new:
+    what the knowledge base knew of a job of that name (an earlier run's, on the same Redis) is forgotten
+    when it is registered."""
     if not 0 <= watched_s <= max(warm_up_s, 0.0):
         raise ValueError(f"watched_s must be within 0..warm_up_s ({warm_up_s:g}), not {watched_s:g}")
     run = settings.topics.metrics.split(".")[0]
@@ -170,7 +172,7 @@ def run_live(
     ensure_topics(settings, extra=[input_topic, output_topic])
     config = {"max_parallelism": str(max_parallelism), **job_overrides}
     if warm_up_s <= 0:
-        register_jobs(settings, [job], **config)
+        register_jobs(settings, [job], forget=True, **config)
     # From the earliest offset: the topics are this run's own, and nothing may be missed.
     follow = Consumer(group_consumer_config(settings.kafka_bootstrap, f"bench-{uuid.uuid4().hex[:8]}", "earliest"))
     follow.subscribe([settings.topics.analyses, settings.topics.decisions, settings.topics.scaling_events])
@@ -186,7 +188,7 @@ def run_live(
         keep = Keeper(settings, job, result)
         if warm_up_s > 0:
             warm_up(settings, input_topic, workdir, warm_up_s, warm_up_rate, follow, workload.load_args(),
-                    watch=(watched_s, lambda: register_jobs(settings, [job], **config), keep))
+                    watch=(watched_s, lambda: register_jobs(settings, [job], forget=True, **config), keep))
         load = start_load(settings, input_topic, workdir / "load.log", load_args)
         result.started, result.watched_s = time.time(), watched_s if warm_up_s > 0 else 0.0
         while True:
