@@ -173,10 +173,14 @@ def sessions(events: Iterable[tuple[Hashable, float, int]], gap_s: float) -> lis
 
 def check_q11(inputs: Iterable[Mapping[str, Any]], rows: Iterable[Mapping[str, Any]], gap_s: float,
               closed_before: float | None = None) -> CheckResult:
+    """Sessions keyed by bidder and start in whole microseconds, as Spark holds an event time: its
+    `timestamp_seconds` truncates the input's seconds to microseconds and the output casts them back. (Keyed
+    by the start rounded to milliseconds instead, about 1 start in 2,700 rounded apart on the two sides:
+    a session counted lost and unexpected with every record written.)"""
     found = sessions(((int(r["bid"]["bidder"]), float(r["ts"]), int(r["id"])) for r in _bids(inputs)), gap_s)
-    expected = {(bidder, round(start, 3)): (count, id_sum) for bidder, start, end, count, id_sum in found
+    expected = {(bidder, _micros(start)): (count, id_sum) for bidder, start, end, count, id_sum in found
                 if _closed(end, closed_before)}
-    return compare(expected, (((int(r["bidder"]), round(float(r["session_start"]), 3)), int(r["count"]),
+    return compare(expected, (((int(r["bidder"]), round(float(r["session_start"]) * _MICROS)), int(r["count"]),
                                int(r["id_sum"])) for r in rows if _closed(float(r["session_end"]), closed_before)))
 
 
