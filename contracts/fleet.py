@@ -31,10 +31,9 @@ class ClusterConfig(BaseModel):
 class FleetBid(BaseModel):
     """One job's bid, made each window it is planned: the slots it `holds` (running, or a rescale's
     larger side while one is in flight), what its own plan `wants`, what its arrivals `need` now (the
-    fewest slots whose capacity carries the planned rate, on the planner's safe-side estimates), what they
-    need on its point estimates (`expected_need`, the mean rate and capacities: `need` less the safety
-    margin; absent, `need`), its bounds and weight, and `costs[k]`: what holding `minimum + k` slots over
-    the planning horizon costs it (`plan.fleet.hold_costs`), for every k up to `wants - minimum`."""
+    fewest slots whose capacity carries the planned rate), its bounds and weight, and `costs[k]`: what
+    holding `minimum + k` slots over the planning horizon costs it (`plan.fleet.hold_costs`), for every
+    k up to `wants - minimum`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -42,7 +41,6 @@ class FleetBid(BaseModel):
     holds: int = Field(ge=0)
     wants: int = Field(ge=1)
     need: int = Field(ge=1)
-    expected_need: int | None = Field(default=None, ge=1)
     minimum: int = Field(ge=1)
     weight: float = Field(gt=0, le=100)
     costs: list[float] = Field(max_length=MAX_CURVE)
@@ -52,14 +50,7 @@ class FleetBid(BaseModel):
     def _consistent(self) -> FleetBid:
         if self.wants < self.minimum or len(self.costs) != self.wants - self.minimum + 1:
             raise ValueError("a bid wants at least its minimum, with one cost per slot count from minimum to wants")
-        if self.expected_need is not None and self.expected_need > self.need:
-            raise ValueError("a bid's expected need is at most its need: the need adds the safety margin")
         return self
-
-    @property
-    def needs_expected(self) -> int:
-        """What its arrivals need on the point estimates (`need` where the bid does not say)."""
-        return self.need if self.expected_need is None else self.expected_need
 
     def cost(self, slots: int) -> float:
         """Its cost at `slots` (minimum..wants)."""

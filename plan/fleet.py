@@ -12,14 +12,10 @@ old capacity is not counted (its pause, zero in place, is).
 `allocate` divides the budget, in this order:
 1. where every job's plan fits, each gets it: the budget does not bind;
 2. otherwise each job first gets what its arrivals need (at most what it wants): no job starves while
-   the budget can carry every job's arrivals. What they need is read on the planner's safe-side
-   estimates; where the budget cannot carry that, the safety margins give way first, and each job
-   first gets what its arrivals need on its point estimates (the mean rate and capacities,
-   `FleetBid.expected_need`): no job keeps a margin while another runs below what its arrivals are
-   expected to need, and the margins are left to step 3. Where the budget cannot carry even that, it
-   is shared by weight (weighted max-min fairness: each job's share of its need grows in proportion to
-   its weight, in the fewest slots that lower its cost, so no slot goes where its tasks would run in
-   the same waves as before), and the price is undefined;
+   the budget can carry every job's arrivals. Where it cannot, the budget is shared by weight
+   (weighted max-min fairness: each job's share of its need grows in proportion to its weight, in
+   the fewest slots that lower its cost, so no slot goes where its tasks would run in the same waves
+   as before), and the price is undefined;
 3. what is left goes slot by slot where it saves the most (marginal-cost exchange): each round gives
    the block of slots with the highest saving per slot on any job's curve. For convex curves this is
    the exact optimum of a separable cost under one budget (Gross 1956; Fox 1966; Ibaraki and Katoh,
@@ -129,11 +125,10 @@ def plain_problem(analysis: Analysis, config: JobConfig) -> PlanProblem | None:
         replay_records=rate * config.checkpoint_interval_s / 2, backlog_target_s=config.backlog_target_s)
 
 
-def bid_of(job_id: str, problem: PlanProblem | None, holds: int, wants: int, config: JobConfig, at: float,
-           expected: PlanProblem | None = None) -> FleetBid:
+def bid_of(job_id: str, problem: PlanProblem | None, holds: int, wants: int, config: JobConfig, at: float
+           ) -> FleetBid:
     """The job's bid (see the module docstring). Without a problem (nothing measured yet) its curve is
-    flat: it needs what it wants, and slots beyond its minimum save it nothing measurable. `expected`: the
-    same problem on the point estimates, whose need is the bid's `expected_need` (at most its need)."""
+    flat: it needs what it wants, and slots beyond its minimum save it nothing measurable."""
     minimum = config.min_parallelism
     wants = max(minimum, wants)
     if problem is None:
@@ -143,10 +138,8 @@ def bid_of(job_id: str, problem: PlanProblem | None, holds: int, wants: int, con
     costs = _costs(problem, held, config.weight)[:wants]
     if len(costs) < wants:  # wants beyond the problem's maximum: its curve held flat there
         costs = np.concatenate([costs, np.full(wants - len(costs), costs[-1])])
-    need = min(_need(problem, held), wants)
-    return FleetBid(job_id=job_id, holds=holds, wants=wants, need=need, minimum=minimum, weight=config.weight,
-                    expected_need=None if expected is None else max(minimum, min(need_of(expected), need)),
-                    costs=[round(float(c), 3) for c in costs[minimum - 1: wants]], at=at)
+    return FleetBid(job_id=job_id, holds=holds, wants=wants, need=min(_need(problem, held), wants), minimum=minimum,
+                    weight=config.weight, costs=[round(float(c), 3) for c in costs[minimum - 1: wants]], at=at)
 
 
 @dataclass(frozen=True)
@@ -175,8 +168,6 @@ def allocate(bids: Mapping[str, FleetBid], budget: int) -> Allocation:
     if sum(wants.values()) <= budget:
         return Allocation(dict(wants), False, 0.0, (), ())
     floors = {job: max(b.minimum, min(b.need, b.wants)) for job, b in bids.items()}
-    if sum(floors.values()) > budget:  # the safety margins give way first
-        floors = {job: max(b.minimum, min(b.needs_expected, floors[job])) for job, b in bids.items()}
     price: float | None = None
     if sum(floors.values()) > budget:
         slots = weighted_share({job: b.minimum for job, b in bids.items()}, floors,

@@ -103,14 +103,10 @@ def plan(
             return Planned(before, state, planned, None)
         problem = getattr(policy, "planning_problem", None)
         posed = problem(state, analysis, config) if problem is not None else fleet.plain_problem(analysis, config)
-        # A policy planning on safe-side estimates also poses the problem on its point estimates: what the
-        # job's arrivals are expected to need, its margin aside (the plain problem is a point estimate).
-        expected = problem(state, analysis, config, quantiles=False) if problem is not None else None
         # A window measured before the job's last rescale still arrives after it: the job holds what the
         # rescale ended at (the runner's report), up or down, until a window measured at it arrives.
         holds = before.expected_parallelism or analysis.parallelism
-        bid = fleet.bid_of(analysis.job_id, posed, holds, planned.to_parallelism, config, analysis.window_end,
-                           expected)
+        bid = fleet.bid_of(analysis.job_id, posed, holds, planned.to_parallelism, config, analysis.window_end)
         return Planned(before, state, planned, None, bid, commit=config.mode is Mode.AUTO)
     reserve = None
     if quota is not None and not rescaling:

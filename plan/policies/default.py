@@ -154,13 +154,11 @@ class CostPlanner:
         rate = analysis.true_processing_rate
         return analysis.parallelism * rate if analysis.valid and rate > 0 else None
 
-    def planning_problem(self, state: PlanState, analysis: Analysis, config: JobConfig, quantiles: bool = True
-                         ) -> PlanProblem | None:
-        """The problem this window posed, on the state `decide` left (what a fleet bid is priced on); without
-        `quantiles`, on the point estimates (what the bid's expected need is read from)."""
+    def planning_problem(self, state: PlanState, analysis: Analysis, config: JobConfig) -> PlanProblem | None:
+        """The problem this window posed, on the state `decide` left (what a fleet bid is priced on)."""
         if not state.policy_state:
             return None
-        return self.problem(PlannerMemory.model_validate(state.policy_state), analysis, config, state, quantiles)
+        return self.problem(PlannerMemory.model_validate(state.policy_state), analysis, config, state)
 
     def decide(self, state: PlanState, analysis: Analysis, config: JobConfig) -> tuple[PlanState, Plan]:
         if config.per_operator and analysis.operators:

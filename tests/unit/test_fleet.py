@@ -23,17 +23,14 @@ from plan.fleet import USEFUL, BudgetError, allocate, bid_of, grant, hold_costs,
 from plan.policy import Plan, hold
 
 
-def convex_bid(job: str, minimum: int, wants: int, need: int, weight: float, slopes: list[float],
-               margin: int | None = None) -> FleetBid:
-    """A bid whose curve falls by `slopes` (sorted to decreasing savings: convex) from its minimum; its
-    expected need `margin` below its need (None: not said)."""
+def convex_bid(job: str, minimum: int, wants: int, need: int, weight: float, slopes: list[float]) -> FleetBid:
+    """A bid whose curve falls by `slopes` (sorted to decreasing savings: convex) from its minimum."""
     savings = sorted(slopes, reverse=True)[: wants - minimum]
     costs = [1000.0]
     for s in savings:
         costs.append(costs[-1] - s)
-    need = min(need, wants)
-    return FleetBid(job_id=job, holds=minimum, wants=wants, need=need, minimum=minimum, weight=weight,
-                    expected_need=None if margin is None else max(1, need - margin), costs=costs)
+    return FleetBid(job_id=job, holds=minimum, wants=wants, need=min(need, wants), minimum=minimum, weight=weight,
+                    costs=costs)
 
 
 @st.composite
@@ -46,7 +43,7 @@ def fleets(draw: st.DrawFn) -> tuple[dict[str, FleetBid], int]:
         need = draw(st.integers(1, wants + 2))
         weight = draw(st.sampled_from([0.5, 1.0, 2.0]))
         slopes = draw(st.lists(st.floats(0, 500, allow_nan=False), min_size=wants - minimum, max_size=wants - minimum))
-        bids[f"j{i}"] = convex_bid(f"j{i}", minimum, wants, need, weight, slopes, draw(st.none() | st.integers(0, 3)))
+        bids[f"j{i}"] = convex_bid(f"j{i}", minimum, wants, need, weight, slopes)
     budget = draw(st.integers(sum(b.minimum for b in bids.values()), sum(b.wants for b in bids.values()) + 3))
     return bids, budget
 
@@ -71,28 +68,21 @@ def test_no_job_starves_while_the_budget_carries_every_jobs_arrivals(fleet: tupl
     floors = {job: max(b.minimum, min(b.need, b.wants)) for job, b in bids.items()}
     if sum(floors.values()) <= budget:
         assert all(out.slots[job] >= floors[job] for job in bids) and not out.short
-        return
-    # The safety margins give way first: every job gets its expected need where the budget carries them all,
-    # and the rest goes by the exchange (a price).
-    expected = {job: max(b.minimum, min(b.needs_expected, floors[job])) for job, b in bids.items()}
-    if sum(expected.values()) <= budget:
-        assert all(out.slots[job] >= expected[job] for job in bids) and out.price is not None
-        return
-    # Shared by weight: every slot given lowers its job's cost; on curves that fall at every slot, all of the
-    # budget, no job's share per weight exceeds another's by a slot, and no job keeps a margin.
-    assert out.price is None
-    for job, b in bids.items():
-        flat = max(b.costs) - min(b.costs) <= USEFUL  # nothing measured: every slot counts
-        assert out.slots[job] == b.minimum or flat or b.cost(out.slots[job]) < b.cost(b.minimum)
-        assert out.slots[job] <= expected[job]
-    # (a slot counts where it saves more than USEFUL, as the fleet step counts it)
-    if not all(b.cost(p + 1) < b.cost(p) - USEFUL for b in bids.values() for p in range(b.minimum, b.wants)):
-        return
-    assert sum(out.slots.values()) == budget
-    for a in (job for job in bids if out.slots[job] < expected[job]):
-        for b in bids:
-            if out.slots[b] > bids[b].minimum:
-                assert (out.slots[b] - 1) / bids[b].weight <= out.slots[a] / bids[a].weight + 1e-9
+    else:  # shared by weight: every slot given lowers its job's cost; on curves that fall at every slot, all
+        # of the budget, and no job's share per weight exceeds another's by a slot
+        assert out.price is None
+        for job, b in bids.items():
+            flat = max(b.costs) - min(b.costs) <= USEFUL  # nothing measured: every slot counts
+            assert out.slots[job] == b.minimum or flat or b.cost(out.slots[job]) < b.cost(b.minimum)
+        # (a slot counts where it saves more than USEFUL, as the fleet step counts it)
+        if not all(b.cost(p + 1) < b.cost(p) - USEFUL for b in bids.values() for p in range(b.minimum, b.wants)):
+            return
+        assert sum(out.slots.values()) == budget
+        below = [job for job in bids if out.slots[job] < floors[job]]
+        for a in below:
+            for b in bids:
+                if out.slots[b] > bids[b].minimum:
+                    assert (out.slots[b] - 1) / bids[b].weight <= out.slots[a] / bids[a].weight + 1e-9
 
 
 @settings(max_examples=60)
@@ -120,24 +110,6 @@ def test_the_lighter_job_gives_way_first() -> None:
     assert out.slots == {"heavy": 4, "light": 2} and out.gave_way == ("light",) and out.price == 200.0
 
 
-def test_where_the_needs_exceed_the_budget_the_margins_give_way_first() -> None:
-    # Seen simulated at 80 %: a job at its peak gave way a slot of what its arrivals needed while another kept
-    # the slot its safety margin asked for. The budget carries both jobs' expected needs (7 + 4), not their
-    # needs (8 + 5): each gets its expected need, and the slot left goes where it saves the most.
-    peak = convex_bid("peak", 1, 8, 8, 1.0, [500.0] * 7, margin=1)
-    calm = convex_bid("calm", 1, 5, 5, 1.0, [100.0] * 4, margin=1)
-    out = allocate({"peak": peak, "calm": calm}, 12)
-    assert out.slots == {"peak": 8, "calm": 4} and out.price == 500.0 and out.short == ("calm",)
-    assert allocate({"peak": peak, "calm": calm}, 11).slots == {"peak": 7, "calm": 4}
-    # Where even the expected needs do not fit, they are shared by weight and no job keeps a margin.
-    assert allocate({"peak": peak, "calm": calm}, 9).slots == {"peak": 5, "calm": 4}
-    # A bid that does not say its expected need counts its need (bids stored before the field).
-    unsaid = convex_bid("calm", 1, 5, 5, 1.0, [100.0] * 4)
-    assert allocate({"peak": peak, "calm": unsaid}, 11).slots == {"peak": 6, "calm": 5}
-    with pytest.raises(ValueError, match="expected need is at most its need"):
-        peak.model_copy(update={"expected_need": 9}).model_validate(peak.model_dump() | {"expected_need": 9})
-
-
 def test_a_budget_below_the_minimums_is_refused() -> None:
     with pytest.raises(BudgetError):
         allocate({"a": convex_bid("a", 3, 3, 3, 1.0, []), "b": convex_bid("b", 3, 3, 3, 1.0, [])}, 5)
@@ -163,11 +135,6 @@ def test_a_bid_covers_minimum_to_wants_and_never_needs_more_than_it_wants() -> N
     bid = bid_of("j", problem(), 2, 5, config, 0.0)
     assert (bid.minimum, bid.wants, bid.need, bid.weight, len(bid.costs)) == (2, 5, 3, 1.5, 4)
     assert bid_of("j", problem(rate=1500.0), 2, 5, config, 0.0).need == 5
-    # The point estimates' problem gives its expected need, at least the minimum and at most its need.
-    assert bid.expected_need is None
-    assert bid_of("j", problem(rate=1500.0), 2, 5, config, 0.0, expected=problem(rate=700.0)).expected_need == 4
-    assert bid_of("j", problem(), 2, 5, config, 0.0, expected=problem(rate=100.0)).expected_need == 2
-    assert bid_of("j", problem(), 2, 5, config, 0.0, expected=problem(rate=1500.0)).expected_need == 3
     flat = bid_of("j", None, 2, 4, config, 0.0)
     assert flat.need == 4 and flat.costs == [0.0, 0.0, 0.0]
 
