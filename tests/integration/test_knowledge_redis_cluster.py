@@ -18,7 +18,7 @@ from knowledge import RedisKnowledge
 from monitor.windows import add_report
 from stack.processes import Service, start_redis_cluster
 from tests.integration.test_knowledge_redis import run_check
-from tests.integration.test_redis_batch import check_batching
+from tests.integration.test_redis_batch import run_batching
 from tests.knowledge_contract import CHECKS, OPEN_WINDOW_REPORT, Check
 
 pytestmark = pytest.mark.integration
@@ -81,14 +81,7 @@ def test_a_jobs_keys_share_a_slot_and_jobs_spread_over_the_nodes(cluster: list[S
 def test_a_turns_script_calls_share_one_pipeline_over_the_nodes(cluster_settings: Settings) -> None:
     """As on one Redis (`tests.integration.test_redis_batch`): the calls of one turn, on keys spread over
     the three nodes, are one pipeline with every call's own reply and failure, scripts loaded again."""
-    async def go() -> None:
-        client = RedisCluster.from_url(cluster_settings.redis_url, decode_responses=True)
-        try:
-            await check_batching(client)
-        finally:
-            await client.aclose()
-
-    asyncio.run(go())
+    run_batching(RedisCluster.from_url, cluster_settings.redis_url)
 
 
 def keys_by_node(nodes: list[Service], pattern: str) -> list[list[str]]:

@@ -5,6 +5,7 @@ again where Redis lost them."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -60,15 +61,20 @@ async def check_batching(client: Any) -> None:
             await client.delete(key)
 
 
-def test_calls_of_one_turn_share_a_pipeline_and_keep_their_own_replies(settings: Settings) -> None:
+def run_batching(connect: Callable[..., Any], url: str) -> None:
+    """The checks on a client `connect(url, decode_responses=True)` makes (one Redis or a cluster's), closed after."""
     async def go() -> None:
-        client = aioredis.from_url(settings.redis_url, decode_responses=True)
+        client = connect(url, decode_responses=True)
         try:
             await check_batching(client)
         finally:
             await client.aclose()
 
     asyncio.run(go())
+
+
+def test_calls_of_one_turn_share_a_pipeline_and_keep_their_own_replies(settings: Settings) -> None:
+    run_batching(aioredis.from_url, settings.redis_url)
 
 
 def test_a_redis_away_fails_every_call_of_the_pipeline() -> None:
