@@ -34,7 +34,10 @@ def test_one_executor_of_the_profile_runs_and_its_ceiling_is_told_from_what_it_s
             assert 1000.0 / COST_MS < ceiling < 2 * 1000.0 / COST_MS
             under = bed.run(profile.cores, 0.7 * ceiling)
             assert under.sustained and under.backlog_growth <= 0, under
-            over = bed.run(profile.cores, 1.3 * ceiling)
+            # Beyond what two slots can take at all. (Not 1.3x the warm-up's ceiling: Spark's cost per batch
+            # still falls over a process's first minutes, and one CI run sustained 1.3x a 311 rec/s ceiling,
+            # processing 433 rec/s.)
+            over = bed.run(profile.cores, 1.3 * 2 * 1000.0 / COST_MS)
             assert not over.sustained and over.backlog_growth > 0, over
             assert over.processed < min(over.injected, 2 * 1000.0 / COST_MS)
     assert testbed.cluster.status() == {}  # the cluster stopped with the testbed

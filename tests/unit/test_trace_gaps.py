@@ -93,7 +93,7 @@ def test_the_command_fills_on_request_and_reports_it(tmp_path: Path) -> None:
     out = tmp_path / "evaluate.json"
     common = ["--policy", "static", "--trace-file", str(path), "--hours", "0.5", "--seeds", "1",
               "--regime", "compressed", "--workers", "1", "--json", str(out)]
-    refused = CliRunner().invoke(evaluate_app, common)
+    refused = CliRunner().invoke(evaluate_app, common, env={"COLUMNS": "200"})  # the error panel on one line
     assert refused.exit_code != 0 and "--fill-gaps linear" in refused.output
     result = CliRunner().invoke(evaluate_app, [*common, "--fill-gaps", "linear"])
     assert result.exit_code == 0, result.output
