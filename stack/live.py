@@ -92,11 +92,23 @@ class LiveRun:
         return bool(completed) and not self.of(EventType.RECOVERED, max(e.timestamp for e in completed))
 
     def recoveries(self, since: float | None = None) -> list[dict[str, float | int | None]]:
-        """Each observed recovery after a rescale (from `since` on, if given), with the recovery time
-        predicted when it was decided."""
-        return [{"at_s": round(e.timestamp - self.started, 1), "from": e.from_parallelism, "to": e.to_parallelism,
-                 "predicted_s": e.numbers.get("predicted_s"), "observed_s": e.numbers.get("observed_s"),
-                 "error_s": e.numbers.get("error_s")} for e in self.of(EventType.RECOVERED, since)]
+        """Each observed recovery after a rescale, with the recovery time predicted when it was decided;
+        with `since`, those whose rescale started from `since` on: a recovery counts where its rescale was
+        decided, as `rescales` counts it, so a warm-up's rescale that recovers in the load is the warm-up's.
+        Its rescale is the last one completed before it between the same parallelisms (a recovery event
+        comes with a later window's decision, not with its rescale's)."""
+        started = {e.decision_id: e.timestamp for e in self.of(EventType.STARTED)}
+        completed = sorted(self.of(EventType.COMPLETED), key=lambda e: e.timestamp)
+        rows: list[dict[str, float | int | None]] = []
+        for e in self.of(EventType.RECOVERED):
+            rescale = next((c for c in reversed(completed) if c.timestamp <= e.timestamp
+                            and (c.from_parallelism, c.to_parallelism) == (e.from_parallelism, e.to_parallelism)), None)
+            began = e.timestamp if rescale is None else started.get(rescale.decision_id, rescale.timestamp)
+            if since is None or began >= since:
+                rows.append({"at_s": round(e.timestamp - self.started, 1), "from": e.from_parallelism,
+                             "to": e.to_parallelism, "predicted_s": e.numbers.get("predicted_s"),
+                             "observed_s": e.numbers.get("observed_s"), "error_s": e.numbers.get("error_s")})
+        return rows
 
     def decision_rows(self, since: float) -> list[dict[str, object]]:
         """Every decision, holds too, with the numbers the policy planned with: its window's end in

@@ -361,6 +361,23 @@ def test_a_watched_warm_ups_windows_and_actions_are_not_the_loads() -> None:
     assert measured["slot_seconds"] == pytest.approx(2 * (195 - 100))  # from the load's start, at the 2 it began at
     assert measured["start_s"] == 0.0
     assert run.recoveries(since=100.0) == [] and len(run.recoveries()) == 1
+    # A rescale started in the warm-up (at 95 s) recovers in the load (at 120 s): the warm-up's too. One the
+    # load's scale-up started (at 130 s) and a later window's decision told of (its own id) is the load's.
+    late = [ScalingEvent(decision_id="w", job_id="j", type=EventType.STARTED, timestamp=95.0, from_parallelism=2,
+                         to_parallelism=3),
+            ScalingEvent(decision_id="w", job_id="j", type=EventType.COMPLETED, timestamp=101.0, from_parallelism=2,
+                         to_parallelism=3, downtime_s=1.0),
+            ScalingEvent(decision_id="x", job_id="j", type=EventType.RECOVERED, timestamp=120.0, from_parallelism=2,
+                         to_parallelism=3, numbers={"observed_s": 19.0, "predicted_s": 15.0}),
+            ScalingEvent(decision_id="u", job_id="j", type=EventType.STARTED, timestamp=130.0, from_parallelism=3,
+                         to_parallelism=4),
+            ScalingEvent(decision_id="u", job_id="j", type=EventType.COMPLETED, timestamp=131.0, from_parallelism=3,
+                         to_parallelism=4, downtime_s=1.0),
+            ScalingEvent(decision_id="y", job_id="j", type=EventType.RECOVERED, timestamp=150.0, from_parallelism=3,
+                         to_parallelism=4, numbers={"observed_s": 19.0, "predicted_s": 20.0})]
+    warmed = LiveRun(started=100.0, watched_s=30.0, events=[*run.events, *late])
+    assert [(r["from"], r["to"]) for r in warmed.recoveries(since=100.0)] == [(3, 4)]
+    assert len(warmed.recoveries()) == 3 and len(warmed.recoveries(since=120.0)) == 1
     unwatched = LiveRun(started=100.0, load_summary={"began_at": 100.0}, analyses=run.analyses, events=run.events)
     assert live_measures(unwatched, backlog_target_s=60.0)["actions"] == 1
     # A rescale started in the warm-up (at 96 s) and finished in the load (at 104 s) is the warm-up's; one
