@@ -14,6 +14,8 @@ plans with, each an estimate on the safe side:
   to the one full batches show (DS2's rate falls at small batches: a task has a fixed cost), times the
   share of a full batch its slots spend on records (a fixed cost per batch), all measured online; for a
   job whose task count stays fixed (in place), as its batches run, in ceil(tasks / p) waves (`in_waves`);
+- the backlog target, less a reserve for a jump of the arrival rate while a scale-up lands
+  (`reserved_target_s`);
 - actions: the measured restart time of each direction (the plan state's downtimes), the replay
   since the last checkpoint (half a checkpoint interval of arrivals), and a penalty per action; for a
   job whose executors are changed in place (`scaling_backend`), a scale-up's measured time at the old
@@ -59,6 +61,7 @@ from plan.controls import partition_units
 from plan.cost_plan import PlanProblem, Schedule, describe, first_steps, solve, solve_with_next
 from plan.forecast_skill import ForecastSkill, note
 from plan.gates import (
+    LEVEL_WINDOWS,
     ExcludedPeriods,
     Gate,
     LevelHold,
@@ -81,6 +84,7 @@ NOISE_PRIOR = 0.1  # the per-window CV of the per-slot rate assumed until three 
 # A backlog of more than this many seconds of arrivals keeps micro-batches at the source's cap (a full
 # batch holds a few seconds of work per slot).
 SATURATED_BACKLOG_S = 10.0
+DEFAULT_WINDOW_S = 10.0  # the monitor's window, until two arrival rates have been seen
 
 
 class PlannerMemory(BaseModel):
@@ -132,6 +136,20 @@ def planned_rates(level: float, forecast: ForecastView | None, now: float, steps
     middles = now + (np.arange(steps) + 0.5) * step_s
     expected = level * np.interp(middles, times, values, left=first) / first
     return np.maximum(rates, expected) if floor else expected
+
+
+def reserved_target_s(target_s: float, level: LevelState, landing_s: float, z: float) -> float:
+    """The backlog target the plan keeps, in seconds of arrivals: the job's, less what an arrival rate at the
+    level's upper `z` quantile for one window (its per-window noise, `LevelState.sigma`) would add while a
+    scale-up lands: the LEVEL_WINDOWS windows of a new level a scale-up waits for (`plan.gates.LevelHold`),
+    then its pause and ramp (`landing_s`). A plan
+    that rides its backlog up to the target has no room left for a jump; on jumpy load such plans spent up
+    to 210 s of 6 h beyond the target (docs/results.md). At most half the target is reserved; z = 0 (the
+    point estimates) reserves nothing."""
+    times = [t for t, _ in level.recent]
+    window_s = times[-1] - times[-2] if len(times) >= 2 else DEFAULT_WINDOW_S
+    reserve = (math.exp(z * level.sigma) - 1.0) * (LEVEL_WINDOWS * window_s + landing_s)
+    return max(target_s - reserve, target_s / 2)
 
 
 class CostPlanner:
@@ -244,12 +262,14 @@ class CostPlanner:
         up, down = downtimes_expected(state.restarts, config)
         costs = planned_costs(backend_in_use(config.scaling_backend, state.backend)[0], state.restarts, up, down,
                               (analysis.arrival_rate or 0.0) * config.checkpoint_interval_s / 2)
+        ramp = min(costs.up_ramp_s, config.restart_time_cap_s)
+        target_s = reserved_target_s(config.backlog_target_s, memory.level, costs.up_pause_s + ramp,
+                                     self.rate_z if quantiles else 0.0)
         return PlanProblem(
             parallelism=analysis.parallelism, backlog=float(analysis.backlog or 0), rates=rates, step_s=self.step_s,
             capacity=capacity, min_parallelism=config.min_parallelism, downtime_up_s=costs.up_pause_s,
             downtime_down_s=costs.down_pause_s, replay_records=costs.replay_records,
-            backlog_target_s=config.backlog_target_s, action_penalty_s=self.action_penalty_slot_s,
-            ramp_up_s=min(costs.up_ramp_s, config.restart_time_cap_s),
+            backlog_target_s=target_s, action_penalty_s=self.action_penalty_slot_s, ramp_up_s=ramp,
             allow_planned_shortfall=config.allow_planned_shortfall,
         )
 

@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from contracts.analyses import Analysis, ForecastView
 from contracts.decisions import Action
@@ -17,7 +19,9 @@ from evaluation.simulator import PolicyRun, PolicyRunner, rate_factors, simulate
 from evaluation.traces import load_trace
 from plan.capacity_estimate import in_waves
 from plan.forecast_skill import ForecastSkill, note
-from plan.policies.default import CostPlanner, PlannerMemory
+from plan.gates import LEVEL_WINDOWS
+from plan.level import LevelState
+from plan.policies.default import CostPlanner, PlannerMemory, reserved_target_s
 from plan.policy import Plan
 from plan.proactive import predicted_recovery_s
 
@@ -308,3 +312,21 @@ def test_the_arrival_level_is_averaged_over_the_jobs_metrics_window() -> None:
                                                                                                ("slow", slow))}
     assert [t for t, _ in points["quick"]] == [110.0, 115.0]
     assert [t for t, _ in points["slow"]] == [5.0 * i for i in range(12, 24)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(target=st.floats(10.0, 600.0), noise=st.floats(0.0, 0.5), landing=st.floats(0.0, 300.0),
+       window=st.floats(1.0, 60.0), z=st.floats(0.0, 3.0))
+def test_the_plans_backlog_target_keeps_room_for_a_jump_while_a_scale_up_lands(
+        target: float, noise: float, landing: float, window: float, z: float) -> None:
+    # A level whose windows are `window` s apart and whose per-window log-noise is `noise` (its Welford sums).
+    level = LevelState(recent=[(100.0, 50.0), (100.0 + window, 50.0)], noise_n=50, noise_m2=49 * noise ** 2)
+    kept = reserved_target_s(target, level, landing, z)
+    assert target / 2 <= kept <= target
+    reserve = (math.exp(z * level.sigma) - 1) * (LEVEL_WINDOWS * window + landing)
+    assert kept == pytest.approx(max(target - reserve, target / 2))
+    assert reserved_target_s(target, level, landing, 0.0) == target  # the point estimates keep the whole target
+    # A longer landing, or noisier arrivals, never leave more of the target.
+    assert reserved_target_s(target, level, landing + 10.0, z) <= kept
+    noisier = level.model_copy(update={"noise_m2": 49 * (noise + 0.05) ** 2})
+    assert reserved_target_s(target, noisier, landing, z) <= kept
