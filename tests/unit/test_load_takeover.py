@@ -46,9 +46,11 @@ def test_the_cpu_meter_says_which_part_used_the_cores() -> None:
         for process in (busy, idle):
             process.kill()
             process.wait()
-    assert cores["busy"] > 0.5 and cores["sleeping"] < 0.1, cores
+    # Relative figures: the unit tests share the cores (xdist), so a busy loop gets what is left of one.
+    assert cores["busy"] > 0.15 and cores["busy"] > 5 * cores["sleeping"], cores
     assert "gone" not in cores  # a part that went has no figure
-    assert cores["parent"] > 0.5 > cores["parent alone"], cores  # the busy child counts with its parent only
+    # the busy child counts with its parent only
+    assert cores["parent"] >= 0.9 * cores["busy"] and cores["parent alone"] < 0.5 * cores["busy"], cores
     assert 0 <= cores["idle"] <= (psutil.cpu_count() or 1), cores  # the machine's idle cores
 
 
