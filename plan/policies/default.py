@@ -14,7 +14,7 @@ plans with, each an estimate on the safe side:
   to the one full batches show (DS2's rate falls at small batches: a task has a fixed cost), times the
   share of a full batch its slots spend on records (a fixed cost per batch), all measured online; for a
   job whose task count stays fixed (in place), as its batches run, in ceil(tasks / p) waves (`in_waves`);
-- the backlog target, less a reserve for a jump of the arrival rate while a scale-up lands
+- the backlog target, less a reserve for a jump of the arrival rate while a scale-up lands (none on a shared cluster)
   (`reserved_target_s`);
 - actions: the measured restart time of each direction (the plan state's downtimes), the replay
   since the last checkpoint (half a checkpoint interval of arrivals), and a penalty per action; for a
@@ -143,9 +143,8 @@ def reserved_target_s(target_s: float, level: LevelState, landing_s: float, z: f
     level's upper `z` quantile for one window (its per-window noise, `LevelState.sigma`) would add while a
     scale-up lands: the LEVEL_WINDOWS windows of a new level a scale-up waits for (`plan.gates.LevelHold`),
     then its pause and ramp (`landing_s`). A plan
-    that rides its backlog up to the target has no room left for a jump; on jumpy load such plans spent up
-    to 210 s of 6 h beyond the target (docs/results.md). At most half the target is reserved; z = 0 (the
-    point estimates) reserves nothing."""
+    that rides its backlog up to the target has no room left for a jump before a scale-up lands (measured in
+    docs/results.md). At most half the target is reserved; z = 0 (the point estimates) reserves nothing."""
     times = [t for t, _ in level.recent]
     window_s = times[-1] - times[-2] if len(times) >= 2 else DEFAULT_WINDOW_S
     reserve = (math.exp(z * level.sigma) - 1.0) * (LEVEL_WINDOWS * window_s + landing_s)
@@ -244,7 +243,10 @@ class CostPlanner:
     def problem(self, memory: PlannerMemory, analysis: Analysis, config: JobConfig, state: PlanState,
                 quantiles: bool = True) -> PlanProblem | None:
         """The planning problem this window poses; None while the arrival level or capacity is unknown.
-        Without `quantiles`, with the point estimates (the mean level and capacities)."""
+        Without `quantiles`, with the point estimates (the mean level and capacities). A job on a shared
+        cluster (`config.cluster`) plans at its full backlog target, with no reserve (`reserved_target_s`):
+        there the reserve raised what every job wanted at the fleet's joint peak, where the fleet step
+        shares the budget by weight and moved slots back and forth (docs/results.md)."""
         level = memory.level.upper_level(self.rate_z if quantiles else 0.0)
         planned = dict(planned_capacity(config.planned_capacity))
         if level is None or not (memory.known or planned):
@@ -264,7 +266,7 @@ class CostPlanner:
                               (analysis.arrival_rate or 0.0) * config.checkpoint_interval_s / 2)
         ramp = min(costs.up_ramp_s, config.restart_time_cap_s)
         target_s = reserved_target_s(config.backlog_target_s, memory.level, costs.up_pause_s + ramp,
-                                     self.rate_z if quantiles else 0.0)
+                                     self.rate_z if quantiles and not config.cluster else 0.0)
         return PlanProblem(
             parallelism=analysis.parallelism, backlog=float(analysis.backlog or 0), rates=rates, step_s=self.step_s,
             capacity=capacity, min_parallelism=config.min_parallelism, downtime_up_s=costs.up_pause_s,

@@ -330,3 +330,16 @@ def test_the_plans_backlog_target_keeps_room_for_a_jump_while_a_scale_up_lands(
     assert reserved_target_s(target, level, landing + 10.0, z) <= kept
     noisier = level.model_copy(update={"noise_m2": 49 * (noise + 0.05) ** 2})
     assert reserved_target_s(target, noisier, landing, z) <= kept
+
+
+def test_a_job_on_a_shared_cluster_plans_at_its_full_backlog_target() -> None:
+    planner, alone, state = CostPlanner(), JobConfig(max_parallelism=8, backlog_target_s=60.0), PlanState()
+    for i, rate in enumerate([300.0, 360.0, 270.0, 330.0, 250.0, 350.0, 300.0, 280.0]):  # a noisy level
+        state, _ = planner.decide(state, window(10.0 * i, 2, rate), alone)
+    memory, last = PlannerMemory.model_validate(state.policy_state), window(70.0, 2, 280.0)
+    assert memory.level.sigma > 0
+    kept = planner.problem(memory, last, alone, state)
+    shared = planner.problem(memory, last, alone.model_copy(update={"cluster": "shared"}), state)
+    assert kept is not None and shared is not None
+    assert 30.0 <= kept.backlog_target_s < 60.0  # alone: a reserve for a jump, at most half the target
+    assert shared.backlog_target_s == 60.0  # on a cluster: the whole target, what the fleet shares by
