@@ -319,8 +319,7 @@ def run(
                 result.drain_s = time.time() - stopped
                 break
             time.sleep(1.0)
-        scrapes = [prometheus_lines(port) for port in ports]
-        result.decisions = int(sum(counter_total(lines, "autoscaler_decisions_total") for lines in scrapes))
+        result.decisions = settled_decisions(ports)
         # Windows the reports closed: every window from the first report's to the last one's, which stays open.
         interval = settings.loop_interval_s
         expected = {job: closed_window_ends(first_second + 1, first_second + seconds, interval,
@@ -381,6 +380,19 @@ def decision_latencies(decided: dict[str, list[tuple[float, float, float]]]) -> 
 def decisions_made(ports: list[int]) -> int:
     """Decisions the workers on `ports` have made so far (their Prometheus counters)."""
     return int(sum(counter_total(prometheus_lines(port), "autoscaler_decisions_total") for port in ports))
+
+
+def settled_decisions(ports: list[int], quiet_s: float = 3.0, limit_s: float = 30.0) -> int:
+    """The decisions made once the count has not moved for `quiet_s` (at most `limit_s`): an offset can be
+    committed while its window's decision is still being made, so a drained lag alone can read one short. A
+    decision that never comes still leaves the count short."""
+    count, since, began = decisions_made(ports), time.time(), time.time()
+    while time.time() - since < quiet_s and time.time() - began < limit_s:
+        time.sleep(0.5)
+        now = decisions_made(ports)
+        if now != count:
+            count, since = now, time.time()
+    return count
 
 
 def short_topics(by_topic: dict[str, int]) -> dict[str, int]:
