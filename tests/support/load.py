@@ -383,9 +383,9 @@ def decisions_made(ports: list[int]) -> int:
 
 
 def settled_decisions(ports: list[int], quiet_s: float = 3.0, limit_s: float = 30.0) -> int:
-    """The decisions made once the count has not moved for `quiet_s` (at most `limit_s`): an offset can be
-    committed while its window's decision is still being made, so a drained lag alone can read one short. A
-    decision that never comes still leaves the count short."""
+    """The decisions made once the count has not moved for `quiet_s` (at most `limit_s`): the lag is read
+    from committed offsets, and the workers' decision counters need not have caught up with them the moment
+    it reads 0. A decision that never comes still leaves the count short."""
     count, since, began = decisions_made(ports), time.time(), time.time()
     while time.time() - since < quiet_s and time.time() - began < limit_s:
         time.sleep(0.5)
