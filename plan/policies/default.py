@@ -96,6 +96,9 @@ class PlannerMemory(BaseModel):
     noise_cv: float | None = None  # the latest per-window CV of the per-slot rate
     skill: ForecastSkill = Field(default_factory=ForecastSkill)
     recommended: int | None = None  # the first step of the last plan
+    # Whether that recommendation was made on an arrival level of LEVEL_WINDOWS windows or more (or confirmed
+    # on one): made on a level's first window, which may straddle the change, it does not stand (`_kept`).
+    recommended_settled: bool = True
     batch: BatchCost | None = None
     last_up_at: float | None = None  # metric time of the last scale-up decided
 
@@ -202,8 +205,11 @@ class CostPlanner:
             return state, measuring
         plan, changes = self._plan(memory, analysis, config, state)
         remembered: dict[str, Any] = {}
-        if plan.recommended is not None and plan.recommended != memory.recommended:
-            remembered["recommended"] = plan.recommended
+        if plan.recommended is not None:
+            settled = len(memory.level.points) >= LEVEL_WINDOWS or (
+                plan.recommended == memory.recommended and memory.recommended_settled)
+            if plan.recommended != memory.recommended or settled != memory.recommended_settled:
+                remembered.update(recommended=plan.recommended, recommended_settled=settled)
         if plan.action is Action.SCALE_UP:
             remembered["last_up_at"] = now
         if remembered:
@@ -346,7 +352,9 @@ class CostPlanner:
               ) -> tuple[PlanProblem, Schedule, Schedule | None] | None:
         """The last recommendation, where it stands (None where the plan is `best`): the problem on the point
         estimates (the mean level and capacities), its schedule and the next best on them. A recommendation
-        that does not carry the rate now on them (where the job allows no planned shortfall) stands no more.
+        that does not carry the rate now on them (where the job allows no planned shortfall) stands no more,
+        nor does one made on an arrival level's first window (it may straddle the change; a scale-up it
+        recommended would be followed by another once the level is measured: docs/results.md).
 
         A recommendation not acted on (recommend mode, a held rescale) changes only when the point
         estimates say it no longer keeps the target or costs an action's penalty more than the best: a
@@ -355,7 +363,7 @@ class CostPlanner:
         schedule starting elsewhere on them, which costs no less than the best, so the kept plan costs at
         most the next best's cost and an action's penalty (to change the recommendation)."""
         kept = memory.recommended
-        if kept is None or kept in (best.first, analysis.parallelism):
+        if kept is None or kept in (best.first, analysis.parallelism) or not memory.recommended_settled:
             return None
         point = self.problem(memory, analysis, config, state, quantiles=False)
         if point is None or not 1 <= kept <= point.max_parallelism or not first_steps(point)[kept - 1]:
