@@ -15,8 +15,7 @@ old capacity is not counted (its pause, zero in place, is).
    the budget can carry every job's arrivals. Where it cannot, the budget is shared by weight
    (weighted max-min fairness: each job's share of its need grows in proportion to its weight, in
    the fewest slots that lower its cost, so no slot goes where its tasks would run in the same waves
-   as before; a job keeps one slot beyond its share of what it holds, so the needs' noise does not move
-   a slot back and forth), and the price is undefined;
+   as before), and the price is undefined;
 3. what is left goes slot by slot where it saves the most (marginal-cost exchange): each round gives
    the block of slots with the highest saving per slot on any job's curve. For convex curves this is
    the exact optimum of a separable cost under one budget (Gross 1956; Fox 1966; Ibaraki and Katoh,
@@ -59,7 +58,6 @@ CODE = "fleet_budget"  # a plan changed by the cluster's budget
 MOVE = "fleet_move"  # the notice of a move: slots one job gave way with, taken by another
 NAMED = 5  # jobs that gave way named in a reason
 NEED_STEPS = 5  # a job's need keeps its backlog within target over this many plan steps (5 min)
-INCUMBENT_SLOTS = 1  # shared by weight, a job keeps this many slots beyond its share where it holds them
 USEFUL = 1e-3  # a slot lowers a job's cost by more than this (its curve is rounded to 3 decimals) to count
 
 
@@ -189,18 +187,10 @@ def weighted_share(minimums: Mapping[str, int], floors: Mapping[str, int], weigh
     given costs log(jobs). With `bids`, a job takes the fewest slots that lower its cost (`useful_block`):
     a job whose fixed tasks run in waves (4 tasks on 3 slots take two waves, as on 2) is given no slot
     that buys it nothing; one whose next useful block is more than is left takes no more, and slots no job
-    can use are left unallocated. With `bids`, a job below what it holds counts INCUMBENT_SLOTS fewer: a slot
-    moves from one job to another only where the shares per weight differ by more than that, not where the
-    needs' noise tips a tie (each move costs both jobs a rescale; seen in the simulated fleet: one job went
-    7 <-> 8 slots five times in four minutes at the joint peak)."""
+    can use are left unallocated."""
     slots = dict(minimums)
     left = budget - sum(slots.values())
-
-    def share(job: str) -> float:  # below what it holds, a job counts one slot fewer: it keeps its slots on a tie
-        held = bids is not None and slots[job] < bids[job].holds
-        return (slots[job] - INCUMBENT_SLOTS * held) / weights[job]
-
-    heap = [(share(j), -weights[j], j) for j in slots if slots[j] < floors[j]]
+    heap = [(slots[j] / weights[j], -weights[j], j) for j in slots if slots[j] < floors[j]]
     heapq.heapify(heap)
     while left > 0 and heap:
         _, _, job = heapq.heappop(heap)
@@ -210,7 +200,7 @@ def weighted_share(minimums: Mapping[str, int], floors: Mapping[str, int], weigh
         slots[job] += k
         left -= k
         if slots[job] < floors[job]:
-            heapq.heappush(heap, (share(job), -weights[job], job))
+            heapq.heappush(heap, (slots[job] / weights[job], -weights[job], job))
     return slots
 
 
