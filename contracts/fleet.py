@@ -72,19 +72,21 @@ class Move(BaseModel):
 class FleetState(BaseModel):
     """A cluster's fleet as knowledge keeps it: every job's latest bid, the slots each holds or was
     granted (reserved: never more, summed, than the budget) and the moves open (slots given way for a
-    job that has not taken them yet)."""
+    job that has not taken them yet), and when each job was last granted more slots (metric time)."""
 
     model_config = ConfigDict(extra="forbid")
 
     bids: dict[str, FleetBid] = Field(default_factory=dict)
     held: dict[str, int] = Field(default_factory=dict)
     moves: list[Move] = Field(default_factory=list)
+    grown_at: dict[str, float] = Field(default_factory=dict)
 
     def without(self, job_id: str) -> FleetState:
         """The fleet with the job's bid, held slots and moves dropped (the job was unregistered)."""
         return FleetState(bids={j: b for j, b in self.bids.items() if j != job_id},
                           held={j: h for j, h in self.held.items() if j != job_id},
-                          moves=[m for m in self.moves if job_id not in (m.giver, m.receiver)])
+                          moves=[m for m in self.moves if job_id not in (m.giver, m.receiver)],
+                          grown_at={j: t for j, t in self.grown_at.items() if j != job_id})
 
 
 class FleetGrant(BaseModel):

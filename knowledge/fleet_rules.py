@@ -22,7 +22,7 @@ def runs(job_id: str, slots: int, cluster: str) -> FleetStep:
     the fleet does not count yet (never bid nor joined) is left as it is."""
     def step(state: FleetState, budget: int) -> tuple[FleetState, FleetGrant]:
         held = {**state.held, job_id: slots} if job_id in state.held else state.held
-        return (FleetState(bids=state.bids, held=held, moves=state.moves),
+        return (state.model_copy(update={"held": held}),
                 FleetGrant(cluster=cluster, budget=budget, granted=slots, allocated=slots, binds=False))
     return step
 

@@ -29,7 +29,8 @@ The jobs granted less than they want gave way, the least loss per weight first. 
 takes its allocation once the others have released it (a slot moves from one job to another only
 after the first released it; until the whole allocation is free the job keeps what it holds, one
 restart per move), so the slots held and reserved never exceed the budget; a job allocated less
-than it holds gives way only while another waits for the slots.
+than it holds gives way only while another waits for the slots, and not within KEEP_AFTER_GROWTH_S of
+being granted more (its rescale lands and drains; given way at once, it restarted twice for nothing).
 The allocation is made for the plan's first step and made again at every window (receding horizon);
 the curves assume the job holds p over the horizon (the plan's later steps are not allocated ahead).
 """
@@ -58,6 +59,7 @@ CODE = "fleet_budget"  # a plan changed by the cluster's budget
 MOVE = "fleet_move"  # the notice of a move: slots one job gave way with, taken by another
 NAMED = 5  # jobs that gave way named in a reason
 NEED_STEPS = 5  # a job's need keeps its backlog within target over this many plan steps (5 min)
+KEEP_AFTER_GROWTH_S = 120.0  # a job granted more slots gives none way for this long (its rescale lands, it drains)
 USEFUL = 1e-3  # a slot lowers a job's cost by more than this (its curve is rounded to 3 decimals) to count
 
 
@@ -261,7 +263,8 @@ def grant(state: FleetState, bid: FleetBid, cluster: str, budget: int, commit: b
     - a scale-up waits until its whole allocation is free (the others give way at their next window): a
       job that took what is free now would restart again for the rest, and the wait runs it at what it holds;
     - a job allocated less than it holds and its plan gives way only while other jobs wait for more slots
-      than are free; until then it keeps them (released, they would sit idle).
+      than are free; until then it keeps them (released, they would sit idle). Nor within
+      KEEP_AFTER_GROWTH_S of its last grant of more slots (`FleetState.grown_at`).
     A job that gives way opens a move per job it gives the slots to (the most waiting first); the
     receiver's grant of them closes it: one coordinated action over the two jobs' decisions, both of which
     name it (`within_grant`). A receiver that no longer waits lets its open moves lapse.
@@ -288,7 +291,8 @@ def grant(state: FleetState, bid: FleetBid, cluster: str, budget: int, commit: b
         granted = allocated  # the job's own plan (a hold, or a scale-down to what it wants)
     else:
         waiting = {j: max(0, allocation.slots[j] - now.get(j, 0)) for j in bids if j != job}
-        granted = allocated if sum(waiting.values()) > free else min(bid.wants, bid.holds)
+        settling = bid.at - state.grown_at.get(job, -math.inf) < KEEP_AFTER_GROWTH_S
+        granted = allocated if sum(waiting.values()) > free and not settling else min(bid.wants, bid.holds)
         moves = _opened(job, bid.holds - granted, waiting, kept, bid.at)
         kept += moves
     given = FleetGrant(
@@ -296,8 +300,9 @@ def grant(state: FleetState, bid: FleetBid, cluster: str, budget: int, commit: b
         price=None if allocation.price is None else round(allocation.price, 1), gave_way=list(allocation.gave_way),
         short=list(allocation.short), moves=moves if commit else [])
     if not commit:  # a recommendation: nothing is held, no move opens or closes
-        return FleetState(bids=bids, held=state.held, moves=state.moves), given
-    return FleetState(bids=bids, held={**now, job: max(bid.holds, granted)}, moves=kept), given
+        return state.model_copy(update={"bids": bids}), given
+    grown = {**state.grown_at, job: bid.at} if granted > bid.holds else state.grown_at
+    return FleetState(bids=bids, held={**now, job: max(bid.holds, granted)}, moves=kept, grown_at=grown), given
 
 
 def _opened(giver: str, released: int, waiting: Mapping[str, int], open_moves: list[Move], at: float) -> list[Move]:
@@ -321,7 +326,7 @@ def _opened(giver: str, released: int, waiting: Mapping[str, int], open_moves: l
 def join(job_id: str, holds: int, cluster: str) -> FleetStep:
     """The fleet step of a job that joins the cluster running `holds` slots: the fleet counts them as its."""
     def step(state: FleetState, budget: int) -> tuple[FleetState, FleetGrant]:
-        return (FleetState(bids=state.bids, held={**state.held, job_id: holds}),
+        return (state.model_copy(update={"held": {**state.held, job_id: holds}}),
                 FleetGrant(cluster=cluster, budget=budget, granted=holds, allocated=holds, binds=False))
     return step
 
