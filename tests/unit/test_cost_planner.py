@@ -345,7 +345,6 @@ def test_a_job_on_a_shared_cluster_plans_at_its_full_backlog_target() -> None:
     assert shared.backlog_target_s == 60.0  # on a cluster: the whole target, what the fleet shares by
 
 
-
 @pytest.mark.parametrize(("jitter", "straddle", "after", "first"), [(0.05, 330.0, 525.0, 2), (0.1, 350.0, 700.0, 3)])
 def test_a_step_split_by_a_window_takes_one_scale_up(jitter: float, straddle: float, after: float, first: int) -> None:
     """The demo's step (from 120 rec/s jittered, 224 rec/s per slot, 5-s windows) whose first window
