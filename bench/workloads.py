@@ -3,8 +3,10 @@
 Starts a broker and Redis of its own and a standalone cluster from the pyspark wheel (two workers of
 `--max-parallelism` / 2 cores each), then, per round (`--repeats`), per workload (`--workload`, default
 every one in `pipeline.workloads`), per pattern (`--pattern`: `step`, a step up of the load, and `cosine`,
-one period of the load generator's `cosine` shape, from its trough) and per arm (`--arm`, each round
-starting one arm later), runs the workload under the pattern with the agents running (`stack.live.run_live`):
+one period of the load generator's `cosine` shape, from its trough; its rates divided by the workload's
+`reads`, so the peak needs as many slots on a join, which reads each record once per side) and per arm
+(`--arm`, each round starting one arm later), runs the workload under the pattern with the agents running
+(`stack.live.run_live`):
 
 - `inplace`: the default policy, executors changed in place on the cluster;
 - `restart`: the default policy, the query restarted from its checkpoint, in local mode;
@@ -52,8 +54,8 @@ from evaluation.live import (
     read_records,
     recovery_errors,
 )
-from pipeline.loadgen import parse_shape
-from pipeline.workloads import WORKLOADS
+from pipeline.loadgen import parse_shape, scaled_shape
+from pipeline.workloads import WORKLOADS, workload
 from pipeline.workloads.check import check
 from pipeline.workloads.common import WorkloadOptions
 from stack.cluster import StandaloneCluster, start_cluster
@@ -156,9 +158,12 @@ def measure(run: LiveRun, name: str, options: dict[str, str], bootstrap: str, be
 
 def run_one(name: str, pattern: str, spec: str, arm: str, cluster: StandaloneCluster, ports: tuple[int, int],
             knobs: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    """One workload under one pattern in one arm; its measures."""
+    """One workload under one pattern in one arm (the pattern's rates divided by the workload's reads); its
+    measures."""
+    reads = workload(name).reads
+    spec = scaled_shape(spec, 1 / reads)
     load_args, load_s, low, peak = pattern_load(spec)
-    static = knobs["static_parallelism"] or peak_parallelism(peak, knobs["slot_rate"], TARGET_UTILIZATION,
+    static = knobs["static_parallelism"] or peak_parallelism(peak, knobs["slot_rate"] / reads, TARGET_UTILIZATION,
                                                              knobs["max_parallelism"])
     args, overrides, start = workload_arm_setup(arm, cluster.url, knobs["max_parallelism"], static)
     run_id = uuid.uuid4().hex[:6]
@@ -204,14 +209,15 @@ def main(
     = None,
     arms: Annotated[list[str] | None, typer.Option("--arm", help=f"{', '.join(WORKLOAD_ARMS)}; default all.")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Rounds; each round starts one arm later.")] = 1,
-    step: Annotated[str, typer.Option(help="The step pattern's load (a steps: shape).")] = PATTERNS["step"],
+    step: Annotated[str, typer.Option(help="The step pattern's load (a steps: shape), "
+                                          "for a workload that reads each record once.")] = PATTERNS["step"],
     cosine: Annotated[str, typer.Option(help="The cosine pattern's load (cosine:MEAN:AMP:PERIOD, one period from "
                                         "its trough).")]
     = PATTERNS["cosine"],
     max_parallelism: Annotated[int, typer.Option(help="Executors at most (the cluster's cores).")] = 4,
     static_parallelism: Annotated[int, typer.Option(help="The static arm's; 0: the peak's (--slot-rate).")] = 0,
     slot_rate: Annotated[float, typer.Option(help="Records/s one executor carries at full use, to size the static "
-                                             "arm at the peak.")] = 210.0,
+                                             "arm at the peak (divided by a workload's reads).")] = 210.0,
     cost_ms: Annotated[float, typer.Option(help="Waiting per record (the job's cost_ms).")] = 4.0,
     option: Annotated[list[str] | None, typer.Option("--option", help="Job option key=value (repeatable).")] = None,
     warm_up_s: Annotated[float, typer.Option(help="Seconds at the pattern's lowest rate before it.")] = 45.0,

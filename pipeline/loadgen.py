@@ -139,6 +139,27 @@ def parse_shape(spec: str, duration_s: float | None = None) -> Shape:
                      "cosine:MEAN:AMP:PERIOD")
 
 
+def scaled_shape(spec: str, factor: float) -> str:
+    """The shape spec with every rate times `factor` (a sine's or cosine's mean and amplitude), its times
+    unchanged; pure. A benchmark sizes one pattern to workloads whose records cost differently with it."""
+    if factor <= 0:
+        raise ValueError(f"the factor must be > 0, not {factor}")
+    parse_shape(spec)  # refuses a bad spec with parse_shape's message
+    kind, _, rest = spec.strip().partition(":")
+    kind = kind.lower()
+
+    def times(rate: str) -> str:
+        return f"{float(rate) * factor:.12g}"
+
+    if kind == "constant":
+        return f"constant:{times(rest)}"
+    if kind == "steps":
+        parts = (part.partition(":") for part in rest.split(","))
+        return "steps:" + ",".join(f"{times(rate)}:{secs}" for rate, _, secs in parts)
+    mean, amplitude, period = rest.split(":")
+    return f"{kind}:{times(mean)}:{times(amplitude)}:{period}"
+
+
 # ---------------------------------------------------------------- pacing (pure)
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.load_cli import replay_file
 from evaluation.traces import read_rates, scale_rates
@@ -15,7 +17,9 @@ from pipeline.loadgen import (
     expected_total,
     parse_shape,
     records_between,
+    scaled_shape,
 )
+from pipeline.workloads import WORKLOADS
 
 
 def test_parse_shapes() -> None:
@@ -29,6 +33,28 @@ def test_parse_shapes() -> None:
     for bad in ("square:1", "steps:100", "steps:100:0", "sine:1:2", "cosine:1:2:0", "constant:x"):
         with pytest.raises(ValueError):
             parse_shape(bad)
+
+
+@settings(max_examples=60, deadline=None)
+@given(spec=st.sampled_from(["constant:250", "steps:100:30,400:90", "steps:0:5,1e3:2.5", "sine:240:160:120",
+                             "cosine:240:160:120"]),
+       factor=st.floats(0.05, 20), t=st.floats(0, 150))
+def test_a_scaled_shape_scales_every_rate_and_keeps_its_times(spec: str, factor: float, t: float) -> None:
+    scaled = parse_shape(scaled_shape(spec, factor), 150)
+    assert scaled.rate(t) == pytest.approx(factor * parse_shape(spec, 150).rate(t), rel=1e-5, abs=1e-6)
+    assert scaled.duration_s == parse_shape(spec, 150).duration_s
+
+
+def test_a_scaled_shape_refuses_a_bad_spec_or_factor() -> None:
+    assert scaled_shape("steps:100:30,400:90", 0.5) == "steps:50:30,200:90"
+    for spec, factor in (("square:1", 1.0), ("steps:100", 1.0), ("constant:10", 0.0), ("constant:10", -1.0)):
+        with pytest.raises(ValueError):
+            scaled_shape(spec, factor)
+
+
+def test_the_joins_read_each_record_once_per_side() -> None:
+    assert {name for name, w in WORKLOADS.items() if w.reads == 2} == {"join", "nexmark-q8"}
+    assert all(w.reads == 1 for name, w in WORKLOADS.items() if name not in ("join", "nexmark-q8"))
 
 
 def test_step_rates_and_totals() -> None:
