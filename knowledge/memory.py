@@ -123,7 +123,8 @@ class MemoryKnowledge:
         self._allocations.pop(job_id, None)
         self._orphans.pop(job_id, None)
         self._fleets = {name: fleet.without(job_id) for name, fleet in self._fleets.items()}
-        for store in (self._config, self._windows, self._state, self._forecasts, self._fences, self._locks,
+        # The fencing counter stays (a runner may outlive the registration; see the Redis knowledge base).
+        for store in (self._config, self._windows, self._state, self._forecasts, self._locks,
                       self._inflight, self._deadlines):
             store.pop(job_id, None)  # type: ignore[attr-defined]
         for keyed in (self._lists, self._values, self._markers):

@@ -51,7 +51,8 @@ class JobRegistry(Protocol):
     async def config_overrides(self, job_id: str) -> dict[str, str]: ...
 
     async def unregister_job(self, job_id: str) -> None:
-        """Forget the job and everything kept for it."""
+        """Forget the job and everything kept for it but its fencing counter: the tokens of a job registered
+        again under the same id keep growing past those a runner of it accepted."""
         ...
 
     async def job_exists(self, job_id: str) -> bool: ...

@@ -83,7 +83,10 @@ class RedisJobs(RedisFleet):
     async def unregister_job(self, job_id: str) -> None:
         await self.forget_bid(job_id)
         await self._unorphan(job_id)
-        keys = [key async for key in self.redis.scan_iter(match=self._key(job_id, "*"), count=500)]
+        # The fencing counter stays: a runner of the job may outlive its registration, and the tokens of a
+        # job registered again under the same id must still grow past every token that runner accepted.
+        fence = self._key(job_id, "fence")
+        keys = [key async for key in self.redis.scan_iter(match=self._key(job_id, "*"), count=500) if key != fence]
 
         def unlisted(pipe: Any) -> None:
             pipe.srem(self._jobs_key, job_id)

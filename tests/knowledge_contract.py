@@ -190,6 +190,21 @@ async def the_lock_fences_stale_holders(k: Knowledge, job: str) -> None:
 
 
 @check
+async def fencing_tokens_keep_growing_when_a_job_is_registered_again(k: Knowledge, job: str) -> None:
+    # A runner of the job may outlive its registration: the commands of the job registered again under the
+    # same id must not carry tokens below those the runner already accepted (it ignores them as stale).
+    await k.register_job(job, {})
+    first = await k.acquire_lock(job, "d1", ttl_s=30)
+    assert first is not None
+    await k.unregister_job(job)
+    assert await k.lock_holder(job) is None  # the lock goes with the registration
+    await k.register_job(job, {})
+    again = await k.acquire_lock(job, "d2", ttl_s=30)
+    assert again is not None and again > first
+    await k.unregister_job(job)
+
+
+@check
 async def the_lock_expires(k: Knowledge, job: str) -> None:
     assert await k.acquire_lock(job, "d1", ttl_s=0.2) is not None
     await asyncio.sleep(0.4)
