@@ -25,7 +25,7 @@ from contracts.decisions import EventType, ScalingDecision, ScalingEvent
 from contracts.settings import Settings
 from infra.kafka import ensure_topics, group_consumer_config
 from stack.processes import stop_pid
-from stack.services import register_jobs, start_agents, start_job_runner, start_load, wait_until_running
+from stack.services import forget_jobs, register_jobs, start_agents, start_job_runner, start_load, wait_until_running
 
 JOB = "demo"
 WARM_UP_FIRST_ID = 1_000_000_000  # far above any replay's ids (they start at 0)
@@ -185,6 +185,8 @@ def run_live(
     config = {"max_parallelism": str(max_parallelism), **job_overrides}
     if warm_up_s <= 0:
         register_jobs(settings, [job], forget=True, **config)
+    else:  # registered when the agents start watching; an earlier run's job of the same id is forgotten now
+        forget_jobs(settings, [job])
     # From the earliest offset: the topics are this run's own, and nothing may be missed.
     follow = Consumer(group_consumer_config(settings.kafka_bootstrap, f"bench-{uuid.uuid4().hex[:8]}", "earliest"))
     follow.subscribe([settings.topics.analyses, settings.topics.decisions, settings.topics.scaling_events])

@@ -49,6 +49,21 @@ def register_jobs(settings: Settings, jobs: list[str], forget: bool = False, **o
     asyncio.run(register())
 
 
+def forget_jobs(settings: Settings, jobs: list[str]) -> None:
+    """Unregister `jobs` from the settings' knowledge base with everything known about them (their reports
+    are dead-lettered until they are registered again)."""
+
+    async def forget() -> None:
+        knowledge = RedisKnowledge(settings)
+        try:
+            for job in jobs:
+                await knowledge.unregister_job(job)
+        finally:
+            await knowledge.close()
+
+    asyncio.run(forget())
+
+
 def register_cluster(settings: Settings, cluster: ClusterConfig) -> None:
     """Register (or resize) `cluster` in the settings' knowledge base, as `autoscaler cluster add` does."""
 
