@@ -4,8 +4,7 @@ exactly-once row sink.
 Options (the job's `--option key=value` pairs; `WorkloadOptions.parse`):
   input_topic, output_topic   Kafka topics (defaults per workload);
   cost_ms                     waiting per input record (pipeline.demo.wait_per_record), default 4;
-  batch_seconds               caps a micro-batch at that much waiting (over all its scans of the input)
-                              unless maxRecordsPerTrigger is set;
+  batch_seconds               caps a micro-batch at that much waiting unless maxRecordsPerTrigger is set;
   window_s, slide_s           event-time window length and slide (slide 0: tumbling), default 10 and 0;
   watermark_s                 the watermark's delay behind the newest event time, default 5;
   gap_s                       a session window's gap, default 10;
@@ -127,17 +126,13 @@ def use_state_store(spark: SparkSession, opts: WorkloadOptions) -> None:
         spark.conf.set(key, value)
 
 
-def costed_input(spark: SparkSession, ctx: JobContext, opts: WorkloadOptions, schema: str,
-                 reads: int = 1) -> DataFrame:
+def costed_input(spark: SparkSession, ctx: JobContext, opts: WorkloadOptions, schema: str) -> DataFrame:
     """The input topic's JSON records parsed with `schema` (malformed ones dropped), each costing
-    `cost_ms` of waiting in the read tasks, with an `event_time` timestamp column from `ts`. `reads`: how
-    many times the query scans them per micro-batch (a join of two sides of the frame: 2, each scan
-    waiting); a micro-batch is capped at `batch_seconds` of waiting over all its scans."""
+    `cost_ms` of waiting in the read tasks, with an `event_time` timestamp column from `ts`."""
     from pyspark.sql import functions as F
 
     if opts.cost_ms > 0 and "maxRecordsPerTrigger" not in ctx.options:
-        ctx.options["maxRecordsPerTrigger"] = str(
-            batch_limit(opts.cost_ms * reads, ctx.parallelism, opts.batch_seconds))
+        ctx.options["maxRecordsPerTrigger"] = str(batch_limit(opts.cost_ms, ctx.parallelism, opts.batch_seconds))
     raw = ctx.read_kafka(spark, opts.input_topic)
     parsed = raw.select(F.from_json(F.col("value"), schema).alias("r")).select("r.*")
     parsed = parsed.where(F.col("id").isNotNull() & F.col("ts").isNotNull())

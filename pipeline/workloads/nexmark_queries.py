@@ -24,7 +24,6 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pipeline.job import JobContext
-from pipeline.workloads import workload
 from pipeline.workloads.common import (
     EVENT_TIME,
     WorkloadOptions,
@@ -122,7 +121,7 @@ def q8(spark: SparkSession, ctx: JobContext) -> DataStreamWriter:
 
     opts = _options(ctx, "q8")
     use_state_store(spark, opts)
-    events = costed_input(spark, ctx, opts, EVENT_SCHEMA, reads=workload("nexmark-q8").reads)
+    events = costed_input(spark, ctx, opts, EVENT_SCHEMA)
     persons = (events.where(F.col("type") == "person")
                .select(F.col("person.id").alias("p_id"), F.col("person.name").alias("p_name"),
                        F.col(EVENT_TIME).alias("p_time"))

@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pipeline.job import JobContext
-from pipeline.workloads import workload
 from pipeline.workloads.common import EVENT_TIME, WorkloadOptions, costed_input, newest, row_sink, use_state_store
 
 if TYPE_CHECKING:
@@ -68,7 +67,7 @@ def join(spark: SparkSession, ctx: JobContext) -> DataStreamWriter:
 
     opts = WorkloadOptions.parse(ctx.options, "join.input", "join.output")
     use_state_store(spark, opts)
-    records = costed_input(spark, ctx, opts, JOIN_SCHEMA, reads=workload("join").reads)
+    records = costed_input(spark, ctx, opts, JOIN_SCHEMA)
     orders = (records.where(F.col("side") == "order")
               .select(F.col("order").alias("o_order"), F.col("key").alias("o_key"), F.col("ts").alias("o_ts"),
                       F.col(EVENT_TIME).alias("o_time"))
