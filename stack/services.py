@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,49 +32,46 @@ from stack.processes import free_port, spawn, stop_pid, wait_for_port
 AGENT_START_TIMEOUT_S = 60.0
 
 
+def _with_knowledge(settings: Settings, use: Callable[[RedisKnowledge], Awaitable[object]]) -> None:
+    """Run `use` on a connection to the settings' knowledge base, closed afterwards."""
+
+    async def run() -> None:
+        knowledge = RedisKnowledge(settings)
+        try:
+            await use(knowledge)
+        finally:
+            await knowledge.close()
+
+    asyncio.run(run())
+
+
 def register_jobs(settings: Settings, jobs: list[str], forget: bool = False, **overrides: str) -> None:
     """Register `jobs` with the same overrides in the settings' knowledge base (reports of an
     unregistered job are dead-lettered); with `forget`, everything known about them goes first."""
 
-    async def register() -> None:
-        knowledge = RedisKnowledge(settings)
-        try:
-            for job in jobs:
-                if forget:
-                    await knowledge.unregister_job(job)
-                await knowledge.register_job(job, overrides)
-        finally:
-            await knowledge.close()
+    async def register(knowledge: RedisKnowledge) -> None:
+        for job in jobs:
+            if forget:
+                await knowledge.unregister_job(job)
+            await knowledge.register_job(job, overrides)
 
-    asyncio.run(register())
+    _with_knowledge(settings, register)
 
 
 def forget_jobs(settings: Settings, jobs: list[str]) -> None:
     """Unregister `jobs` from the settings' knowledge base with everything known about them (their reports
     are dead-lettered until they are registered again)."""
 
-    async def forget() -> None:
-        knowledge = RedisKnowledge(settings)
-        try:
-            for job in jobs:
-                await knowledge.unregister_job(job)
-        finally:
-            await knowledge.close()
+    async def forget(knowledge: RedisKnowledge) -> None:
+        for job in jobs:
+            await knowledge.unregister_job(job)
 
-    asyncio.run(forget())
+    _with_knowledge(settings, forget)
 
 
 def register_cluster(settings: Settings, cluster: ClusterConfig) -> None:
     """Register (or resize) `cluster` in the settings' knowledge base, as `autoscaler cluster add` does."""
-
-    async def register() -> None:
-        knowledge = RedisKnowledge(settings)
-        try:
-            await knowledge.register_cluster(cluster)
-        finally:
-            await knowledge.close()
-
-    asyncio.run(register())
+    _with_knowledge(settings, lambda knowledge: knowledge.register_cluster(cluster))
 
 
 def autoscaler_argv(*args: str) -> list[str]:
