@@ -51,6 +51,12 @@ class Shape(Protocol):
     def rate(self, t: float) -> float: ...
 
 
+def _number(value: float) -> str:
+    """The shortest text that reads back as `value` exactly (no trailing ".0")."""
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
 @dataclass(frozen=True)
 class Constant:
     rate_per_s: float
@@ -58,6 +64,13 @@ class Constant:
 
     def rate(self, t: float) -> float:
         return self.rate_per_s
+
+    def spec(self) -> str:
+        """The `--shape` text `parse_shape` reads back as this shape (its duration apart)."""
+        return f"constant:{_number(self.rate_per_s)}"
+
+    def scaled(self, factor: float) -> Constant:
+        return Constant(self.rate_per_s * factor, self.duration_s)
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,12 @@ class Steps:
                 return rate
         return 0.0
 
+    def spec(self) -> str:
+        return "steps:" + ",".join(f"{_number(rate)}:{_number(secs)}" for rate, secs in self.steps)
+
+    def scaled(self, factor: float) -> Steps:
+        return Steps(tuple((rate * factor, secs) for rate, secs in self.steps))
+
 
 @dataclass(frozen=True)
 class Sine:
@@ -89,6 +108,13 @@ class Sine:
         angle = 2 * math.pi * t / self.period_s
         wave = -math.cos(angle) if self.from_trough else math.sin(angle)
         return max(0.0, self.mean + self.amplitude * wave)
+
+    def spec(self) -> str:
+        kind = "cosine" if self.from_trough else "sine"
+        return f"{kind}:{_number(self.mean)}:{_number(self.amplitude)}:{_number(self.period_s)}"
+
+    def scaled(self, factor: float) -> Sine:
+        return Sine(self.mean * factor, self.amplitude * factor, self.period_s, self.duration_s, self.from_trough)
 
 
 @dataclass(frozen=True)
@@ -114,7 +140,8 @@ class Replay:
         return self.rates[row] * (1 - frac) + self.rates[row + 1] * frac
 
 
-def parse_shape(spec: str, duration_s: float | None = None) -> Shape:
+def parse_shape(spec: str, duration_s: float | None = None) -> Constant | Steps | Sine:
+    """The shape a `--shape` spec names (the grammar in the module doc); its `spec()` renders it back."""
     kind, _, rest = spec.strip().partition(":")
     kind = kind.lower()
     try:
@@ -144,20 +171,7 @@ def scaled_shape(spec: str, factor: float) -> str:
     unchanged; pure. A benchmark sizes one pattern to workloads whose records cost differently with it."""
     if factor <= 0:
         raise ValueError(f"the factor must be > 0, not {factor}")
-    parse_shape(spec)  # refuses a bad spec with parse_shape's message
-    kind, _, rest = spec.strip().partition(":")
-    kind = kind.lower()
-
-    def times(rate: str) -> str:
-        return f"{float(rate) * factor:.12g}"
-
-    if kind == "constant":
-        return f"constant:{times(rest)}"
-    if kind == "steps":
-        parts = (part.partition(":") for part in rest.split(","))
-        return "steps:" + ",".join(f"{times(rate)}:{secs}" for rate, _, secs in parts)
-    mean, amplitude, period = rest.split(":")
-    return f"{kind}:{times(mean)}:{times(amplitude)}:{period}"
+    return parse_shape(spec).scaled(factor).spec()
 
 
 # ---------------------------------------------------------------- pacing (pure)

@@ -45,6 +45,18 @@ def test_a_scaled_shape_scales_every_rate_and_keeps_its_times(spec: str, factor:
     assert scaled.duration_s == parse_shape(spec, 150).duration_s
 
 
+@settings(max_examples=60, deadline=None)
+@given(spec=st.one_of(
+    st.floats(0, 1e6).map(lambda r: f"constant:{r}"),
+    st.lists(st.tuples(st.floats(0, 1e6), st.floats(0.01, 1e4)), min_size=1, max_size=4).map(
+        lambda steps: "steps:" + ",".join(f"{r}:{s}" for r, s in steps)),
+    st.tuples(st.sampled_from(["sine", "cosine"]), st.floats(0, 1e6), st.floats(0, 1e6), st.floats(0.01, 1e4)).map(
+        lambda k: f"{k[0]}:{k[1]}:{k[2]}:{k[3]}")))
+def test_a_parsed_shape_renders_back_to_the_same_shape(spec: str) -> None:
+    shape = parse_shape(spec, 60)
+    assert parse_shape(shape.spec(), 60) == shape
+
+
 def test_a_scaled_shape_refuses_a_bad_spec_or_factor() -> None:
     assert scaled_shape("steps:100:30,400:90", 0.5) == "steps:50:30,200:90"
     for spec, factor in (("square:1", 1.0), ("steps:100", 1.0), ("constant:10", 0.0), ("constant:10", -1.0)):
