@@ -16,6 +16,7 @@ import pytest
 from contracts.jobs import parse_planned_capacity
 from contracts.settings import Settings, settings_env
 from knowledge import RedisKnowledge
+from stack.services import register_jobs
 
 pytestmark = pytest.mark.integration
 
@@ -23,15 +24,6 @@ pytestmark = pytest.mark.integration
 def autoscaler(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True, text=True,
                           env=settings_env(settings) | {"PATH": "", "COLUMNS": "200"}, timeout=120)
-
-
-def register(settings: Settings, job: str, max_parallelism: str) -> None:
-    async def run() -> None:
-        knowledge = RedisKnowledge(settings)
-        await knowledge.register_job(job, {"max_parallelism": max_parallelism})
-        await knowledge.close()
-
-    asyncio.run(run())
 
 
 def planned_config(settings: Settings, job: str) -> tuple[dict[int, float], float]:
@@ -50,7 +42,7 @@ def planned_config(settings: Settings, job: str) -> tuple[dict[int, float], floa
 
 def test_a_plan_seeds_the_jobs_knowledge_and_show_compares_it(settings: Settings, tmp_path: Path) -> None:
     job = f"planned-{uuid.uuid4().hex[:6]}"
-    register(settings, job, "12")
+    register_jobs(settings, [job], max_parallelism="12")
     out = tmp_path / "plan.json"
     planned = autoscaler(settings, "capacity", "plan", "--truth", "linear", "--rate", "1000", "--job", job,
                          "--out", str(out))
@@ -76,7 +68,7 @@ def test_an_executor_profile_plan_seeds_the_jobs_knowledge_at_whole_executors(se
     """`capacity profiles --job`: the chosen profile's executors, k of them at k x cores slots, each carrying
     what the forest predicts for one; the Spark settings for that profile are printed."""
     job = f"profiled-{uuid.uuid4().hex[:6]}"
-    register(settings, job, "12")
+    register_jobs(settings, [job], max_parallelism="12")
     out = tmp_path / "profiles.json"
     planned = autoscaler(settings, "capacity", "profiles", "--rate", "3000", "--job", job, "--out", str(out))
     assert planned.returncode == 0, planned.stdout + planned.stderr

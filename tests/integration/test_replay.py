@@ -11,7 +11,6 @@ it has made as many decisions, commands and events as the simulator's loop did.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from pathlib import Path
@@ -22,8 +21,7 @@ from contracts.dead_letters import DeadLetter
 from contracts.decisions import RescaleCommand, ScalingDecision, ScalingEvent
 from contracts.settings import Settings
 from evaluation.jobmodel import EPOCH
-from knowledge import RedisKnowledge
-from stack.services import AgentWorker, start_agents
+from stack.services import AgentWorker, register_jobs, start_agents
 from tests.integration.kafka_helpers import Collector, send
 from tests.support.replay import JOBS, answer, comparable, from_parallelism, in_process, load
 
@@ -34,13 +32,8 @@ RESTART_AT_WINDOW = 15
 
 
 def register(settings: Settings) -> None:
-    async def go() -> None:
-        knowledge = RedisKnowledge(settings)
-        for job, (overrides, _, _) in JOBS.items():
-            await knowledge.register_job(job, overrides)
-        await knowledge.close()
-
-    asyncio.run(go())
+    for job, (overrides, _, _) in JOBS.items():
+        register_jobs(settings, [job], **overrides)
 
 
 def unique(items: list, key) -> list:  # type: ignore[no-untyped-def,type-arg]

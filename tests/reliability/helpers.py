@@ -3,7 +3,6 @@ of what the agents published (decisions, commands, events) and the checks on it.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import threading
 import time
@@ -17,7 +16,6 @@ from contracts.decisions import EventType, RescaleCommand, ScalingDecision, Scal
 from contracts.messages import MetricReport, SourceMetrics
 from contracts.settings import Settings
 from infra.kafka import ensure_topics, kafka_client_config
-from knowledge import RedisKnowledge
 from monitor.windows import closed_window_ends, phase_for
 from stack.services import isolated_settings
 
@@ -31,16 +29,6 @@ def settings_for(broker_port: int, redis_port: int) -> Settings:
     """Settings for a test's own broker and Redis, with topics and a consumer group of its own."""
     run = uuid.uuid4().hex[:6]
     return isolated_settings(broker_port, redis_port, f"t{run}", f"autoscaler-{run}", loop_interval_s=10.0)
-
-
-def register(settings: Settings, jobs: list[str], **overrides: str) -> None:
-    async def go() -> None:
-        knowledge = RedisKnowledge(settings)
-        for job in jobs:
-            await knowledge.register_job(job, overrides)
-        await knowledge.close()
-
-    asyncio.run(go())
 
 
 def overloaded_report(job: str, timestamp: float, parallelism: int = 2) -> MetricReport:

@@ -13,16 +13,16 @@ import pytest
 
 from contracts.settings import Settings
 from stack.processes import free_port
-from stack.services import start_agents, start_together
+from stack.services import register_jobs, start_agents, start_together
 from tests.conftest import wait_until
-from tests.reliability.helpers import EAGER, Ledger, ReportStream, audit, missing_decisions, register
+from tests.reliability.helpers import EAGER, Ledger, ReportStream, audit, missing_decisions
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 
 
 def test_a_killed_worker_loses_no_decision_and_executes_none_twice(settings: Settings, tmp_path: Path) -> None:
     jobs = [f"kill-{i}" for i in range(8)]
-    register(settings, jobs, **EAGER)
+    register_jobs(settings, jobs, **EAGER)
     # No job runner answers, so each rescale fails after 3 s and plan asks again: many executions.
     env = {"AUTOSCALER_RESCALE_TIMEOUT_S": "3"}
     ports = [free_port(), free_port()]

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from stack.processes import Service, free_port, start_broker
-from stack.services import readiness, start_agents
+from stack.services import readiness, register_jobs, start_agents
 from tests.conftest import wait_until
 from tests.integration.test_agents import accepted_reports, prometheus_samples
-from tests.reliability.helpers import EAGER, Ledger, ReportStream, TopicLog, register, settings_for
+from tests.reliability.helpers import EAGER, Ledger, ReportStream, TopicLog, settings_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 
@@ -42,7 +42,7 @@ def test_agents_reconnect_and_recreate_their_topics_after_a_broker_restart(
     broker = start_broker(port, tmp_path / "broker.log")
     settings = settings_for(port, redis_service.port)
     jobs = [f"restart-{uuid.uuid4().hex[:4]}-{i}" for i in range(2)]
-    register(settings, jobs, **EAGER, mode="recommend")
+    register_jobs(settings, jobs, **EAGER, mode="recommend")
     worker = start_agents(settings, tmp_path / "agents.log")
     ledger = Ledger(settings)
     try:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from stack.processes import Service, free_port, start_redis
-from stack.services import readiness, start_agents
+from stack.services import readiness, register_jobs, start_agents
 from tests.conftest import wait_until
 from tests.reliability.helpers import (
     EAGER,
@@ -17,7 +17,6 @@ from tests.reliability.helpers import (
     ReportStream,
     audit,
     missing_decisions,
-    register,
     settings_for,
 )
 
@@ -30,7 +29,7 @@ def test_agents_wait_out_a_redis_outage_and_resume_without_losing_a_window(broke
     redis = start_redis(redis_port, tmp_path / "redis.log", data_dir=data)
     settings = settings_for(broker.port, redis_port)
     jobs = ["outage-a", "outage-b"]
-    register(settings, jobs, **EAGER, mode="recommend")
+    register_jobs(settings, jobs, **EAGER, mode="recommend")
     worker = start_agents(settings, tmp_path / "agents.log")
     ledger = Ledger(settings)
     try:

@@ -23,10 +23,10 @@ from contracts.messages import MetricReport
 from contracts.settings import Settings
 from infra.kafka import ensure_topic
 from stack.processes import free_port, stop_pid
-from stack.services import start_agents, start_job_runner, start_together
+from stack.services import register_jobs, start_agents, start_job_runner, start_together
 from tests.conftest import wait_until
 from tests.integration.kafka_helpers import Collector, send
-from tests.reliability.helpers import Ledger, register
+from tests.reliability.helpers import Ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.reliability]
 
@@ -43,7 +43,7 @@ def decision(job: str, from_p: int, to_p: int) -> ScalingDecision:
 
 def test_one_rescale_at_a_time_then_a_failed_rescale_rolls_back(settings: Settings, tmp_path: Path) -> None:
     job = f"faulty-{uuid.uuid4().hex[:4]}"
-    register(settings, [job], policy="reactive")
+    register_jobs(settings, [job], policy="reactive")
     entry_env = {"AUTOSCALER_JOB_ENTRY_POINTS": f"pipeline.demo:build,{ENTRY}"}
     for topic in (f"{job}.in", f"{job}.out"):
         ensure_topic(settings.kafka_bootstrap, topic, 2)

@@ -19,9 +19,9 @@ from contracts.decisions import ScalingDecision
 from contracts.settings import Settings, settings_env
 from infra.kafka import ensure_topics
 from stack.processes import free_port, spawn, stop_pid
-from stack.services import autoscaler_argv, start_agents
+from stack.services import autoscaler_argv, register_jobs, start_agents
 from tests.conftest import wait_until
-from tests.reliability.helpers import EAGER, TopicLog, register
+from tests.reliability.helpers import EAGER, TopicLog
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 
@@ -56,7 +56,7 @@ def watch_lines(settings: Settings, out: Path, expected: set[str]) -> list[dict[
 
 def test_a_decision_republished_after_a_plan_crash_reaches_a_watcher_once(settings: Settings, tmp_path: Path) -> None:
     jobs = [f"once-{i}" for i in range(JOBS)]
-    register(settings, jobs, mode="recommend", **EAGER)  # decided and published, nothing executed
+    register_jobs(settings, jobs, mode="recommend", **EAGER)  # decided and published, nothing executed
     ensure_topics(settings)
     decisions = TopicLog(settings, settings.topics.decisions)
     env = {"AUTOSCALER_WEB_PORT": str(free_port())}
